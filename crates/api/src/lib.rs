@@ -1,0 +1,175 @@
+//! The seam between what users touch (HTTP server, library API, web view) and the
+//! token-routing engine. The server only knows this trait, so it can be tested with a
+//! mock backend, and the engine can evolve without touching HTTP code.
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+/// Index of a configured model (0 = the entry model, usually the small one).
+pub type ModelIndex = usize;
+
+/// One configured model, as exposed by `/v1/models` and used in provenance fields.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ModelInfo {
+    /// Name from the config (e.g. "quick", "reference").
+    pub name: String,
+    /// Where the weights came from (path or hub id), for display.
+    pub source: String,
+    /// Maximum sequence length (prompt + output) the model accepts.
+    pub context_length: usize,
+}
+
+/// Sampling settings of one request; applied by whichever model writes a token.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0 means disabled.
+    pub top_k: usize,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// (token id, bias added to the logit).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Seeds the request's own RNG; None = a random seed.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
+            seed: None,
+        }
+    }
+}
+
+/// One generation (one choice). `n > 1` is n requests with derived seeds.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GenerateRequest {
+    pub prompt_ids: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Maximum number of generated tokens.
+    pub max_tokens: usize,
+    /// Extra stop token ids (the model's EOS ids are always stop tokens unless ignore_eos).
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// Pin the whole request to one model (query-level routing), by model index.
+    pub pinned_model: Option<ModelIndex>,
+    /// Number of top alternatives to report per token (0 = none). The chosen token's
+    /// logprob is always reported.
+    pub top_logprobs: usize,
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// EOS or a stop token id.
+    Stop,
+    /// max_tokens or the context length reached.
+    Length,
+    /// Aborted by the client or the server (shutdown).
+    Abort,
+}
+
+/// One generated token with its provenance.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TokenEvent {
+    pub id: u32,
+    /// Which model wrote it.
+    pub source: ModelIndex,
+    /// Natural-log probability of `id` under the writing model's (temperature-free) distribution.
+    pub logprob: f32,
+    /// Top alternatives (id, natural-log probability), best first; empty unless asked.
+    pub top_logprobs: Vec<(u32, f32)>,
+    /// The router's score for this position when the method has one (e.g. R2R probability,
+    /// normalised entropy); None otherwise.
+    pub router_score: Option<f32>,
+}
+
+/// What the engine streams back for one request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenerateEvent {
+    Token(TokenEvent),
+    Finished { reason: FinishReason },
+    Error(String),
+}
+
+/// Receiving half of a request. Dropping it aborts the request in every model
+/// (the engine notices the closed channel within one step and frees all KV).
+pub struct GenerateStream {
+    pub request_id: u64,
+    pub events: mpsc::UnboundedReceiver<GenerateEvent>,
+}
+
+/// Errors a submission can hit before any token is produced; each maps to one HTTP status.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum SubmitError {
+    /// 429: the bounded queue is full.
+    #[error("the server is overloaded: {queued} requests are queued (max_queued_requests = {limit})")]
+    QueueFull { queued: usize, limit: usize },
+    /// 400: prompt + max_tokens do not fit.
+    #[error("this model's maximum context length is {context_length} tokens, but {prompt_tokens} prompt tokens + {max_tokens} max_tokens were requested")]
+    ContextTooLong {
+        prompt_tokens: usize,
+        max_tokens: usize,
+        context_length: usize,
+    },
+    /// 400: bad parameters the engine detected (e.g. empty prompt, unknown pinned model).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// 503: still loading or shutting down.
+    #[error("the server is not ready: {0}")]
+    NotReady(String),
+}
+
+/// A chat message as the chat template sees it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// Errors from tokenizer and template calls (400 for user input).
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum TextError {
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+    #[error("chat template error: {0}")]
+    Template(String),
+}
+
+/// Everything the server needs from the engine.
+pub trait Backend: Send + Sync + 'static {
+    /// Configured models, entry model first.
+    fn models(&self) -> Vec<ModelInfo>;
+    /// True once every model is loaded and every loop is alive.
+    fn is_ready(&self) -> bool;
+    /// Tokenize (special tokens such as `<|im_start|>` are parsed; no BOS added unless the
+    /// tokenizer's post-processor does so).
+    fn encode(&self, text: &str) -> Result<Vec<u32>, TextError>;
+    /// Detokenize; `skip_special` drops special tokens such as `<|im_end|>`.
+    fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TextError>;
+    /// Render the chat template; `kwargs` are extra template variables
+    /// (e.g. `{"enable_thinking": false}`).
+    fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Value,
+    ) -> Result<String, TextError>;
+    /// Queue a generation; tokens stream back on the returned channel.
+    fn submit(&self, request: GenerateRequest) -> Result<GenerateStream, SubmitError>;
+    /// Prometheus text exposition of the engine's metrics.
+    fn metrics_text(&self) -> String;
+}
