@@ -1,0 +1,46 @@
+//! API-key check for `/v1/*` when a key is configured (`Authorization: Bearer <key>`);
+//! health, metrics, version and tokenize stay open, as in vLLM.
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = state.config.api_key.as_deref() {
+        let path = req.uri().path();
+        if path == "/v1" || path.starts_with("/v1/") {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim);
+            if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+                return ApiError::Unauthorized.into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn compares_keys() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

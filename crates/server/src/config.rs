@@ -1,0 +1,38 @@
+//! Settings of the HTTP layer only (the engine has its own YAML config). Kept as a plain
+//! struct with defaults so the CLI can fill it from flags/env and tests from literals.
+
+use std::time::Duration;
+
+/// Name under which the token-routed (not pinned) model is served, listed first by
+/// `/v1/models`.
+pub const DEFAULT_SERVED_MODEL_NAME: &str = "tokenrouter";
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// When set, every `/v1/*` request needs `Authorization: Bearer <api_key>`.
+    pub api_key: Option<String>,
+    /// Larger request bodies are answered 413.
+    pub max_body_bytes: usize,
+    /// Name of the routed model: a request whose `model` is this name (or omitted) is routed
+    /// token by token; a configured model's name pins the request to that model.
+    pub served_model_name: String,
+    /// On shutdown, in-flight requests may finish for this long before they are aborted.
+    pub shutdown_grace: Duration,
+    /// Largest accepted `n`.
+    pub max_n: usize,
+    /// Largest accepted `top_logprobs` (chat) / `logprobs` (completions).
+    pub max_top_logprobs: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            api_key: None,
+            max_body_bytes: 4 * 1024 * 1024,
+            served_model_name: DEFAULT_SERVED_MODEL_NAME.to_string(),
+            shutdown_grace: Duration::from_secs(30),
+            max_n: 16,
+            max_top_logprobs: 20,
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Runs the engine requests of one HTTP request (n choices, possibly several prompts) and
+//! merges their progress into one sequence of [`ChoiceUpdate`]s, consumed by the streaming
+//! and the non-streaming responders alike. Each choice owns its `GenerateStream`: dropping
+//! the [`Generation`] (client gone, response finished) or a stop string drops it, which
+//! aborts the request in the engine. A server shutdown aborts through the lifecycle signal.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
+use tokenrouter_api::{Backend, FinishReason, GenerateEvent, GenerateStream, TextError};
+use tokio::sync::watch;
+
+use crate::choice::{ChoiceDecoder, Delta, Step};
+use crate::error::ApiError;
+use crate::metrics::RequestTracker;
+use crate::params::GenerationPlan;
+use crate::state::AppState;
+
+/// Progress of one choice.
+#[derive(Debug)]
+pub enum ChoiceUpdate {
+    Delta {
+        index: usize,
+        delta: Delta,
+    },
+    Finished {
+        index: usize,
+        delta: Delta,
+        reason: &'static str,
+    },
+    Failed(ApiError),
+}
+
+/// All choices of one request, in flight.
+pub struct Generation {
+    choices: SelectAll<BoxStream<'static, ChoiceUpdate>>,
+    tracker: RequestTracker,
+    pub prompt_tokens: usize,
+    pub num_choices: usize,
+}
+
+impl Generation {
+    /// Submits `plan.n` engine requests per prompt (choice index = prompt * n + i). If any
+    /// submission fails, the ones already made are dropped (aborted) and the error returned.
+    pub fn start(
+        state: &AppState,
+        plan: &GenerationPlan,
+        prompts: &[Vec<u32>],
+        arrival: Instant,
+    ) -> Result<Self, ApiError> {
+        state.check_accepting()?;
+        let mut streams = Vec::new();
+        for prompt in prompts {
+            for request in plan.requests(prompt)? {
+                streams.push(state.backend.submit(request)?);
+            }
+        }
+        let prompt_tokens = prompts.iter().map(Vec::len).sum::<usize>() * plan.n;
+        let num_choices = streams.len();
+        let choices = stream::select_all(streams.into_iter().enumerate().map(|(index, s)| {
+            ChoiceRun {
+                index,
+                stream: Some(s),
+                decoder: ChoiceDecoder::new(plan.stop.clone()),
+                backend: state.backend.clone(),
+                abort: state.lifecycle.abort_signal(),
+            }
+            .into_stream()
+        }));
+        let tracker = RequestTracker::start(
+            state.metrics.clone(),
+            &plan.model.name,
+            arrival,
+            prompt_tokens,
+        );
+        Ok(Self {
+            choices,
+            tracker,
+            prompt_tokens,
+            num_choices,
+        })
+    }
+
+    /// Next update of any choice; `None` once all have finished.
+    pub async fn next(&mut self) -> Option<ChoiceUpdate> {
+        let update = self.choices.next().await;
+        match &update {
+            Some(ChoiceUpdate::Delta { delta, .. }) => self.tracker.on_tokens(delta.tokens.len()),
+            Some(ChoiceUpdate::Finished { delta, reason, .. }) => {
+                self.tracker.on_tokens(delta.tokens.len());
+                self.tracker.on_choice_finished(reason);
+            }
+            Some(ChoiceUpdate::Failed(err)) => self.tracker.abort(match err {
+                ApiError::ShuttingDown => "shutdown",
+                _ => "error",
+            }),
+            None => self.tracker.finish(),
+        }
+        update
+    }
+}
+
+/// One engine request and its decoder.
+struct ChoiceRun {
+    index: usize,
+    /// `None` once finished: dropping the stream tells the engine to stop.
+    stream: Option<GenerateStream>,
+    decoder: ChoiceDecoder,
+    backend: Arc<dyn Backend>,
+    abort: watch::Receiver<bool>,
+}
+
+impl ChoiceRun {
+    fn into_stream(self) -> BoxStream<'static, ChoiceUpdate> {
+        stream::unfold(self, |mut run| async move {
+            let update = run.next().await?;
+            Some((update, run))
+        })
+        .boxed()
+    }
+
+    async fn next(&mut self) -> Option<ChoiceUpdate> {
+        loop {
+            let stream = self.stream.as_mut()?;
+            let event = tokio::select! {
+                biased;
+                () = aborted(&mut self.abort) => None,
+                event = stream.events.recv() => Some(event),
+            };
+            let Some(event) = event else {
+                return self.fail(ApiError::ShuttingDown);
+            };
+            let backend = self.backend.clone();
+            let decode = |ids: &[u32]| backend.decode(ids, true);
+            match event {
+                Some(GenerateEvent::Token(token)) => match self.decoder.push(token, decode) {
+                    Ok(Step::Continue(Some(delta))) => {
+                        return Some(ChoiceUpdate::Delta {
+                            index: self.index,
+                            delta,
+                        })
+                    }
+                    Ok(Step::Continue(None)) => continue,
+                    Ok(Step::Stopped(delta)) => return self.finished(delta, "stop"),
+                    Err(e) => return self.fail(text_failure(e)),
+                },
+                Some(GenerateEvent::Finished { reason }) => {
+                    let (delta, hit_stop) = match self.decoder.finish(decode) {
+                        Ok(done) => done,
+                        Err(e) => return self.fail(text_failure(e)),
+                    };
+                    let reason = match reason {
+                        _ if hit_stop => "stop",
+                        FinishReason::Stop => "stop",
+                        FinishReason::Length => "length",
+                        FinishReason::Abort => return self.fail(ApiError::Aborted),
+                    };
+                    return self.finished(delta, reason);
+                }
+                Some(GenerateEvent::Error(message)) => return self.fail(ApiError::Engine(message)),
+                None => {
+                    return self.fail(ApiError::Engine(
+                        "the engine closed the request without finishing it".into(),
+                    ))
+                }
+            }
+        }
+    }
+
+    fn finished(&mut self, delta: Delta, reason: &'static str) -> Option<ChoiceUpdate> {
+        self.stream = None;
+        Some(ChoiceUpdate::Finished {
+            index: self.index,
+            delta,
+            reason,
+        })
+    }
+
+    fn fail(&mut self, error: ApiError) -> Option<ChoiceUpdate> {
+        self.stream = None;
+        Some(ChoiceUpdate::Failed(error))
+    }
+}
+
+/// Resolves when the server aborts all requests; never if the signal's sender is gone
+/// (a router dropped by a test while its response body is still streaming).
+async fn aborted(signal: &mut watch::Receiver<bool>) {
+    if signal.wait_for(|aborted| *aborted).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn text_failure(e: TextError) -> ApiError {
+    ApiError::Engine(format!("detokenization failed: {e}"))
+}

@@ -1,0 +1,62 @@
+//! tokenrouter's OpenAI-compatible HTTP server. It only knows the [`Backend`] trait of
+//! `tokenrouter-api`, so it is tested with mock backends and runs unchanged over the real
+//! routing engine.
+//!
+//! - [`router`] builds the axum app (testable with `tower::ServiceExt::oneshot`);
+//! - [`serve`] runs it on a listener with graceful shutdown.
+//!
+//! Extensions beside the standard OpenAI fields: a top-level `tokenrouter` object
+//! (`tokens_by_model`, `switches`), per-choice `token_sources` / `token_details` when the
+//! request sets `return_token_sources`, and a `source` on each logprob entry.
+
+mod auth;
+mod choice;
+mod config;
+mod detok;
+mod error;
+mod extract;
+mod generation;
+mod metrics;
+mod openai;
+mod params;
+mod provenance;
+mod render;
+mod respond;
+mod routes;
+mod shutdown;
+mod state;
+mod stop;
+mod streaming;
+
+use std::sync::Arc;
+
+pub use config::{ServerConfig, DEFAULT_SERVED_MODEL_NAME};
+pub use error::{ApiError, ServerError};
+pub use shutdown::serve;
+pub use tokenrouter_api::Backend;
+
+use state::{AppState, Lifecycle};
+
+/// The HTTP app over `backend`. Shutdown handling needs [`serve`]; a bare router never
+/// drains.
+pub fn router(backend: Arc<dyn Backend>, cfg: ServerConfig) -> axum::Router {
+    match build(backend, cfg) {
+        Ok((app, _)) => app,
+        // Registering fixed, valid metric names in a fresh registry cannot fail.
+        Err(e) => unreachable!("metrics registry: {e}"),
+    }
+}
+
+fn build(
+    backend: Arc<dyn Backend>,
+    cfg: ServerConfig,
+) -> Result<(axum::Router, Arc<Lifecycle>), ServerError> {
+    let lifecycle = Arc::new(Lifecycle::default());
+    let state = AppState {
+        backend,
+        config: Arc::new(cfg),
+        metrics: Arc::new(metrics::Metrics::new().map_err(ServerError::Metrics)?),
+        lifecycle: lifecycle.clone(),
+    };
+    Ok((routes::build(state), lifecycle))
+}

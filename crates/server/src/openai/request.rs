@@ -1,0 +1,129 @@
+//! Request bodies of the OpenAI-compatible endpoints, split into views parsed from the same
+//! JSON object: [`CommonFields`] (sampling, stop, stream, n, extensions) shared by chat and
+//! completions, plus one struct per endpoint. Unknown fields are ignored, as OpenAI
+//! clients send many we do not use.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// Fields shared by `/v1/chat/completions` and `/v1/completions`.
+#[derive(Debug, Default, Deserialize)]
+pub struct CommonFields {
+    pub model: Option<String>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub max_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    /// Token id (as a decimal string, OpenAI's shape) → bias added to the logit.
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopField>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub ignore_eos: Option<bool>,
+    pub n: Option<u64>,
+    /// Extension: report which model wrote each token.
+    pub return_token_sources: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    /// The non-empty stop strings.
+    pub fn into_vec(self) -> Vec<String> {
+        let all = match self {
+            StopField::One(s) => vec![s],
+            StopField::Many(v) => v,
+        };
+        all.into_iter().filter(|s| !s.is_empty()).collect()
+    }
+}
+
+/// Fields of `/v1/chat/completions` beyond [`CommonFields`].
+#[derive(Debug, Deserialize)]
+pub struct ChatFields {
+    pub messages: Vec<RequestMessage>,
+    pub max_completion_tokens: Option<u64>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u64>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    pub add_generation_prompt: Option<bool>,
+    /// Passed to the chat template as the `tools` variable.
+    pub tools: Option<Vec<Value>>,
+}
+
+/// One chat message; `content` may be a string, a list of text parts, or null.
+#[derive(Debug, Deserialize)]
+pub struct RequestMessage {
+    pub role: String,
+    pub content: Option<MessageContent>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+/// Fields of `/v1/completions` beyond [`CommonFields`].
+#[derive(Debug, Deserialize)]
+pub struct CompletionFields {
+    pub prompt: PromptField,
+    /// Legacy shape: number of top alternatives per token (0 = only the chosen token).
+    pub logprobs: Option<u64>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+}
+
+/// `prompt`: text, token ids, or a batch of either.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenBatches(Vec<Vec<u32>>),
+}
+
+/// `POST /tokenize`: either `prompt` or `messages`.
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<RequestMessage>>,
+    pub add_generation_prompt: Option<bool>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<u32>,
+}

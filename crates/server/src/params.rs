@@ -1,0 +1,352 @@
+//! Validation of the sampling fields shared by chat and completions, and their mapping onto
+//! the engine's [`GenerateRequest`]. Every rejection is a 400 naming the field in `param`.
+
+use tokenrouter_api::{GenerateRequest, SamplingParams, SubmitError};
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::openai::request::CommonFields;
+use crate::state::ModelChoice;
+use crate::stop::StopStrings;
+
+/// A validated generation request, before tokenization-dependent parts are known.
+#[derive(Debug, Clone)]
+pub struct GenerationPlan {
+    pub model: ModelChoice,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub n: usize,
+    pub sampling: SamplingParams,
+    /// Requested output bound; `None` = whatever fits in the context.
+    pub max_tokens: Option<usize>,
+    pub stop: StopStrings,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// `None` = no logprobs; `Some(k)` = chosen token's logprob plus k alternatives.
+    pub logprobs: Option<usize>,
+    pub return_token_sources: bool,
+}
+
+impl GenerationPlan {
+    /// Validates `fields`; `max_tokens` and `logprobs` come from the endpoint's own fields
+    /// (`max_completion_tokens`, chat's `logprobs`/`top_logprobs` or completions' `logprobs`).
+    pub fn new(
+        fields: CommonFields,
+        model: ModelChoice,
+        max_tokens: Option<(u64, &'static str)>,
+        logprobs: Option<usize>,
+        cfg: &ServerConfig,
+    ) -> Result<Self, ApiError> {
+        let n = fields.n.unwrap_or(1);
+        if n < 1 || n > cfg.max_n as u64 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("`n` must be between 1 and {}, got {n}", cfg.max_n),
+            ));
+        }
+        let max_tokens = match max_tokens {
+            Some((0, param)) => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("`{param}` must be at least 1"),
+                ))
+            }
+            Some((v, _)) => Some(usize::try_from(v).unwrap_or(usize::MAX)),
+            None => None,
+        };
+        let sampling = sampling_params(&fields)?;
+        let stream = fields.stream.unwrap_or(false);
+        let include_usage = fields
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        Ok(Self {
+            model,
+            stream,
+            include_usage,
+            n: n as usize,
+            sampling,
+            max_tokens,
+            stop: StopStrings::new(fields.stop.map(|s| s.into_vec()).unwrap_or_default()),
+            stop_token_ids: fields.stop_token_ids.unwrap_or_default(),
+            ignore_eos: fields.ignore_eos.unwrap_or(false),
+            logprobs,
+            return_token_sources: fields.return_token_sources.unwrap_or(false),
+        })
+    }
+
+    /// The engine requests for one prompt: `n` of them, the i-th seeded with `seed + i`.
+    pub fn requests(&self, prompt_ids: &[u32]) -> Result<Vec<GenerateRequest>, ApiError> {
+        let prompt_tokens = prompt_ids.len();
+        if prompt_tokens == 0 {
+            return Err(ApiError::invalid("prompt", "the prompt is empty"));
+        }
+        let context_length = self.model.context_length;
+        let max_tokens = match self.max_tokens {
+            Some(m) => m,
+            None => context_length.saturating_sub(prompt_tokens),
+        };
+        if max_tokens == 0 || prompt_tokens.saturating_add(max_tokens) > context_length {
+            return Err(SubmitError::ContextTooLong {
+                prompt_tokens,
+                max_tokens: self.max_tokens.unwrap_or(max_tokens),
+                context_length,
+            }
+            .into());
+        }
+        Ok((0..self.n)
+            .map(|i| {
+                let mut sampling = self.sampling.clone();
+                sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+                GenerateRequest {
+                    prompt_ids: prompt_ids.to_vec(),
+                    sampling,
+                    max_tokens,
+                    stop_token_ids: self.stop_token_ids.clone(),
+                    ignore_eos: self.ignore_eos,
+                    pinned_model: self.model.pinned,
+                    top_logprobs: self.logprobs.unwrap_or(0),
+                }
+            })
+            .collect())
+    }
+}
+
+/// Chat's `logprobs: bool` + `top_logprobs: k` → `Some(k)` / `None`.
+pub fn chat_logprobs(
+    logprobs: Option<bool>,
+    top_logprobs: Option<u64>,
+    cfg: &ServerConfig,
+) -> Result<Option<usize>, ApiError> {
+    match (logprobs.unwrap_or(false), top_logprobs) {
+        (false, Some(k)) if k > 0 => Err(ApiError::invalid(
+            "top_logprobs",
+            "`top_logprobs` requires `logprobs` to be true",
+        )),
+        (false, _) => Ok(None),
+        (true, k) => bounded_logprobs("top_logprobs", k.unwrap_or(0), cfg).map(Some),
+    }
+}
+
+/// Completions' legacy `logprobs: k`.
+pub fn completion_logprobs(
+    logprobs: Option<u64>,
+    cfg: &ServerConfig,
+) -> Result<Option<usize>, ApiError> {
+    logprobs
+        .map(|k| bounded_logprobs("logprobs", k, cfg))
+        .transpose()
+}
+
+fn bounded_logprobs(param: &str, k: u64, cfg: &ServerConfig) -> Result<usize, ApiError> {
+    if k > cfg.max_top_logprobs as u64 {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "`{param}` must be between 0 and {}, got {k}",
+                cfg.max_top_logprobs
+            ),
+        ));
+    }
+    Ok(k as usize)
+}
+
+fn sampling_params(f: &CommonFields) -> Result<SamplingParams, ApiError> {
+    let d = SamplingParams::default();
+    let temperature = check(f.temperature, "temperature", d.temperature, |t| {
+        (t >= 0.0).then_some(()).ok_or("must be >= 0")
+    })?;
+    let top_p = check(f.top_p, "top_p", d.top_p, |p| {
+        (p > 0.0 && p <= 1.0)
+            .then_some(())
+            .ok_or("must be in (0, 1]")
+    })?;
+    let min_p = check(f.min_p, "min_p", d.min_p, |p| {
+        (0.0..=1.0)
+            .contains(&p)
+            .then_some(())
+            .ok_or("must be in [0, 1]")
+    })?;
+    let repetition_penalty = check(
+        f.repetition_penalty,
+        "repetition_penalty",
+        d.repetition_penalty,
+        |p| (p > 0.0).then_some(()).ok_or("must be > 0"),
+    )?;
+    let presence_penalty = check(
+        f.presence_penalty,
+        "presence_penalty",
+        d.presence_penalty,
+        |p| {
+            (-2.0..=2.0)
+                .contains(&p)
+                .then_some(())
+                .ok_or("must be in [-2, 2]")
+        },
+    )?;
+    let frequency_penalty = check(
+        f.frequency_penalty,
+        "frequency_penalty",
+        d.frequency_penalty,
+        |p| {
+            (-2.0..=2.0)
+                .contains(&p)
+                .then_some(())
+                .ok_or("must be in [-2, 2]")
+        },
+    )?;
+    let top_k = match f.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                format!("`top_k` must be -1 (disabled) or positive, got {k}"),
+            ))
+        }
+    };
+    let mut logit_bias = Vec::new();
+    for (key, &bias) in f.logit_bias.iter().flatten() {
+        let id: u32 = key.trim().parse().map_err(|_| {
+            ApiError::invalid(
+                "logit_bias",
+                format!("`logit_bias` keys must be token ids, got {key:?}"),
+            )
+        })?;
+        if !(-100.0..=100.0).contains(&bias) {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("`logit_bias` values must be in [-100, 100], got {bias} for {id}"),
+            ));
+        }
+        logit_bias.push((id, bias as f32));
+    }
+    Ok(SamplingParams {
+        temperature,
+        top_p,
+        top_k,
+        min_p,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+        logit_bias,
+        seed: f.seed.map(|s| s as u64),
+    })
+}
+
+/// Validates an optional float field with `ok`, or returns `default`.
+fn check(
+    value: Option<f64>,
+    param: &str,
+    default: f32,
+    ok: impl Fn(f64) -> Result<(), &'static str>,
+) -> Result<f32, ApiError> {
+    match value {
+        None => Ok(default),
+        Some(v) if !v.is_finite() => Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be a finite number"),
+        )),
+        Some(v) => ok(v)
+            .map(|()| v as f32)
+            .map_err(|why| ApiError::invalid(param, format!("`{param}` {why}, got {v}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extract::parse_json;
+
+    fn model() -> ModelChoice {
+        ModelChoice {
+            name: "tokenrouter".into(),
+            pinned: None,
+            context_length: 100,
+        }
+    }
+
+    fn plan(json: &str) -> Result<GenerationPlan, ApiError> {
+        let fields: CommonFields = parse_json(json.as_bytes())?;
+        let max = fields.max_tokens.map(|m| (m, "max_tokens"));
+        GenerationPlan::new(fields, model(), max, None, &ServerConfig::default())
+    }
+
+    fn param_of(err: ApiError) -> String {
+        match err {
+            ApiError::InvalidParam { param, .. } => param,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejects_out_of_range_values_naming_the_field() {
+        for (json, param) in [
+            (r#"{"temperature": -0.5}"#, "temperature"),
+            (r#"{"top_p": 0}"#, "top_p"),
+            (r#"{"top_p": 1.5}"#, "top_p"),
+            (r#"{"min_p": 2}"#, "min_p"),
+            (r#"{"top_k": -3}"#, "top_k"),
+            (r#"{"repetition_penalty": 0}"#, "repetition_penalty"),
+            (r#"{"presence_penalty": 3}"#, "presence_penalty"),
+            (r#"{"frequency_penalty": -3}"#, "frequency_penalty"),
+            (r#"{"n": 0}"#, "n"),
+            (r#"{"n": 1000}"#, "n"),
+            (r#"{"max_tokens": 0}"#, "max_tokens"),
+            (r#"{"logit_bias": {"abc": 1}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"5": 101}}"#, "logit_bias"),
+        ] {
+            assert_eq!(param_of(plan(json).unwrap_err()), param, "{json}");
+        }
+    }
+
+    #[test]
+    fn maps_fields_onto_engine_requests() {
+        let p = plan(
+            r#"{"temperature": 0, "top_p": 0.9, "top_k": 5, "min_p": 0.1, "seed": 7, "n": 2,
+                "logit_bias": {"42": -100}, "stop_token_ids": [9], "ignore_eos": true,
+                "max_tokens": 10, "stop": "x", "return_token_sources": true}"#,
+        )
+        .unwrap();
+        assert!(p.return_token_sources);
+        assert_eq!(p.stop.find("abxc", 0), Some(2));
+        let reqs = p.requests(&[1, 2, 3]).unwrap();
+        assert_eq!(reqs.len(), 2);
+        assert_eq!(reqs[0].sampling.seed, Some(7));
+        assert_eq!(reqs[1].sampling.seed, Some(8));
+        assert_eq!(reqs[0].sampling.top_k, 5);
+        assert_eq!(reqs[0].sampling.temperature, 0.0);
+        assert_eq!(reqs[0].sampling.logit_bias, vec![(42, -100.0)]);
+        assert_eq!(reqs[0].stop_token_ids, vec![9]);
+        assert!(reqs[0].ignore_eos);
+        assert_eq!(reqs[0].max_tokens, 10);
+        assert_eq!(reqs[0].prompt_ids, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn default_max_tokens_fills_the_context_and_overflow_is_rejected() {
+        let reqs = plan("{}").unwrap().requests(&[1; 30]).unwrap();
+        assert_eq!(reqs[0].max_tokens, 70);
+        let err = plan(r#"{"max_tokens": 80}"#)
+            .unwrap()
+            .requests(&[1; 30])
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("100") && err.to_string().contains("80"),
+            "{err}"
+        );
+        assert!(plan("{}").unwrap().requests(&[1; 100]).is_err());
+        assert!(plan("{}").unwrap().requests(&[]).is_err());
+    }
+
+    #[test]
+    fn logprob_options() {
+        let cfg = ServerConfig::default();
+        assert_eq!(chat_logprobs(Some(true), Some(3), &cfg).unwrap(), Some(3));
+        assert_eq!(chat_logprobs(None, None, &cfg).unwrap(), None);
+        assert!(chat_logprobs(Some(false), Some(2), &cfg).is_err());
+        assert!(chat_logprobs(Some(true), Some(99), &cfg).is_err());
+        assert_eq!(completion_logprobs(Some(0), &cfg).unwrap(), Some(0));
+    }
+}

@@ -1,0 +1,277 @@
+//! Builds the JSON of responses and streamed chunks for both endpoint kinds (chat and
+//! legacy completions) from choice deltas, so the streaming and non-streaming paths share
+//! one definition of every field, logprobs shapes and extension fields included.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokenrouter_api::Backend;
+
+use crate::choice::{Delta, OutToken};
+use crate::openai::response::{
+    AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
+    ChatLogprob, ChatLogprobs, ChoiceExtension, Completion, CompletionChoice, CompletionChunk,
+    LegacyLogprobs, Provenance, TokenDetail, TopLogprob, Usage,
+};
+use crate::params::GenerationPlan;
+use crate::provenance::source_name;
+
+/// Which OpenAI endpoint shape to produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Chat,
+    Completion,
+}
+
+/// One finished choice of a non-streaming response.
+#[derive(Debug, Default)]
+pub struct ChoiceOutput {
+    pub text: String,
+    pub tokens: Vec<OutToken>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// Everything that is the same for every chunk of one response.
+pub struct ResponseContext {
+    pub kind: Kind,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    /// Configured model names by index (for `source` fields).
+    pub names: Vec<String>,
+    backend: Arc<dyn Backend>,
+    logprobs: Option<usize>,
+    return_token_sources: bool,
+    pub include_usage: bool,
+}
+
+impl ResponseContext {
+    pub fn new(kind: Kind, backend: Arc<dyn Backend>, plan: &GenerationPlan) -> Self {
+        let prefix = match kind {
+            Kind::Chat => "chatcmpl",
+            Kind::Completion => "cmpl",
+        };
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Self {
+            kind,
+            id: format!("{prefix}-{:032x}", rand::random::<u128>()),
+            created,
+            model: plan.model.name.clone(),
+            names: backend.models().into_iter().map(|m| m.name).collect(),
+            backend,
+            logprobs: plan.logprobs,
+            return_token_sources: plan.return_token_sources,
+            include_usage: plan.include_usage,
+        }
+    }
+
+    fn source(&self, index: usize) -> String {
+        source_name(&self.names, index)
+    }
+
+    /// Text of one token for logprob entries (special tokens shown, not skipped).
+    fn token_text(&self, id: u32) -> String {
+        self.backend.decode(&[id], false).unwrap_or_default()
+    }
+
+    fn extension(&self, tokens: &[OutToken]) -> ChoiceExtension {
+        if !self.return_token_sources {
+            return ChoiceExtension::default();
+        }
+        ChoiceExtension {
+            token_sources: Some(tokens.iter().map(|t| self.source(t.source)).collect()),
+            token_details: Some(
+                tokens
+                    .iter()
+                    .map(|t| TokenDetail {
+                        source: self.source(t.source),
+                        logprob: t.logprob,
+                        router_score: t.router_score,
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    fn chat_logprobs(&self, tokens: &[OutToken]) -> Option<ChatLogprobs> {
+        self.logprobs?;
+        let content = tokens
+            .iter()
+            .map(|t| {
+                let token = self.token_text(t.id);
+                ChatLogprob {
+                    bytes: token.as_bytes().to_vec(),
+                    token,
+                    logprob: t.logprob,
+                    top_logprobs: t
+                        .top_logprobs
+                        .iter()
+                        .map(|&(id, logprob)| {
+                            let token = self.token_text(id);
+                            TopLogprob {
+                                bytes: token.as_bytes().to_vec(),
+                                token,
+                                logprob,
+                            }
+                        })
+                        .collect(),
+                    source: self.source(t.source),
+                }
+            })
+            .collect();
+        Some(ChatLogprobs { content })
+    }
+
+    fn legacy_logprobs(&self, tokens: &[OutToken]) -> Option<LegacyLogprobs> {
+        let k = self.logprobs?;
+        let mut out = LegacyLogprobs::default();
+        for t in tokens {
+            out.tokens.push(self.token_text(t.id));
+            out.token_logprobs.push(t.logprob);
+            out.top_logprobs.push((k > 0).then(|| {
+                t.top_logprobs
+                    .iter()
+                    .map(|&(id, lp)| (self.token_text(id), lp))
+                    .collect::<BTreeMap<_, _>>()
+            }));
+            out.text_offset.push(t.text_offset);
+            out.sources.push(self.source(t.source));
+        }
+        Some(out)
+    }
+
+    /// Body of a non-streaming response.
+    pub fn full(
+        &self,
+        outputs: Vec<ChoiceOutput>,
+        usage: Usage,
+        provenance: Provenance,
+    ) -> serde_json::Value {
+        let result = match self.kind {
+            Kind::Chat => serde_json::to_value(ChatCompletion {
+                id: self.id.clone(),
+                object: "chat.completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: outputs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, out)| ChatChoice {
+                        index,
+                        logprobs: self.chat_logprobs(&out.tokens),
+                        ext: self.extension(&out.tokens),
+                        message: AssistantMessage {
+                            role: "assistant",
+                            content: out.text,
+                        },
+                        finish_reason: out.finish_reason,
+                    })
+                    .collect(),
+                usage,
+                tokenrouter: provenance,
+            }),
+            Kind::Completion => serde_json::to_value(Completion {
+                id: self.id.clone(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: outputs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, out)| CompletionChoice {
+                        index,
+                        logprobs: self.legacy_logprobs(&out.tokens),
+                        ext: self.extension(&out.tokens),
+                        text: out.text,
+                        finish_reason: out.finish_reason,
+                    })
+                    .collect(),
+                usage,
+                tokenrouter: provenance,
+            }),
+        };
+        result.unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+    }
+
+    /// One streamed chunk for choice `index`. `first` adds the chat role; `finish` marks
+    /// the choice's last chunk; `provenance` is attached when this is the response's last
+    /// chunk and usage was not requested.
+    pub fn chunk(
+        &self,
+        index: usize,
+        first: bool,
+        delta: &Delta,
+        finish: Option<&'static str>,
+        provenance: Option<Provenance>,
+    ) -> String {
+        let usage = self.include_usage.then_some(None);
+        let result = match self.kind {
+            Kind::Chat => {
+                let content = (!delta.text.is_empty() || first).then(|| delta.text.clone());
+                serde_json::to_string(&ChatChunk {
+                    id: self.id.clone(),
+                    object: "chat.completion.chunk",
+                    created: self.created,
+                    model: self.model.clone(),
+                    choices: vec![ChatChunkChoice {
+                        index,
+                        delta: ChatDelta {
+                            role: first.then_some("assistant"),
+                            content,
+                        },
+                        logprobs: self.chat_logprobs(&delta.tokens),
+                        finish_reason: finish,
+                        ext: self.extension(&delta.tokens),
+                    }],
+                    usage,
+                    tokenrouter: provenance,
+                })
+            }
+            Kind::Completion => serde_json::to_string(&CompletionChunk {
+                id: self.id.clone(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![CompletionChoice {
+                    index,
+                    text: delta.text.clone(),
+                    logprobs: self.legacy_logprobs(&delta.tokens),
+                    finish_reason: finish,
+                    ext: self.extension(&delta.tokens),
+                }],
+                usage,
+                tokenrouter: provenance,
+            }),
+        };
+        result.unwrap_or_default()
+    }
+
+    /// The final chunk of `stream_options.include_usage`: no choices, usage and provenance.
+    pub fn usage_chunk(&self, usage: Usage, provenance: Provenance) -> String {
+        let result = match self.kind {
+            Kind::Chat => serde_json::to_string(&ChatChunk {
+                id: self.id.clone(),
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![],
+                usage: Some(Some(usage)),
+                tokenrouter: Some(provenance),
+            }),
+            Kind::Completion => serde_json::to_string(&CompletionChunk {
+                id: self.id.clone(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![],
+                usage: Some(Some(usage)),
+                tokenrouter: Some(provenance),
+            }),
+        };
+        result.unwrap_or_default()
+    }
+}

@@ -1,0 +1,63 @@
+//! Answers a validated generation request: submits it, then either collects every choice
+//! into one JSON body or hands the in-flight generation to the SSE streamer.
+
+use std::time::Instant;
+
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::error::ApiError;
+use crate::generation::{ChoiceUpdate, Generation};
+use crate::openai::response::Usage;
+use crate::params::GenerationPlan;
+use crate::provenance::ProvenanceCounter;
+use crate::render::{ChoiceOutput, Kind, ResponseContext};
+use crate::state::AppState;
+use crate::streaming;
+
+/// Runs `plan` on `prompts` (token ids) and answers in the shape of `kind`.
+pub async fn respond(
+    state: &AppState,
+    plan: GenerationPlan,
+    kind: Kind,
+    prompts: Vec<Vec<u32>>,
+    arrival: Instant,
+) -> Result<Response, ApiError> {
+    let generation = Generation::start(state, &plan, &prompts, arrival)?;
+    let ctx = ResponseContext::new(kind, state.backend.clone(), &plan);
+    if plan.stream {
+        Ok(streaming::sse_response(ctx, generation))
+    } else {
+        collect(ctx, generation).await
+    }
+}
+
+/// Waits for every choice; any failure fails the whole request (the other choices are
+/// dropped, which aborts them in the engine).
+async fn collect(ctx: ResponseContext, mut generation: Generation) -> Result<Response, ApiError> {
+    let mut outputs: Vec<ChoiceOutput> = (0..generation.num_choices)
+        .map(|_| ChoiceOutput::default())
+        .collect();
+    let mut provenance = ProvenanceCounter::new(ctx.names.clone());
+    while let Some(update) = generation.next().await {
+        let (index, delta, reason) = match update {
+            ChoiceUpdate::Delta { index, delta } => (index, delta, None),
+            ChoiceUpdate::Finished {
+                index,
+                delta,
+                reason,
+            } => (index, delta, Some(reason)),
+            ChoiceUpdate::Failed(err) => return Err(err),
+        };
+        provenance.add(index, &delta.tokens);
+        if let Some(out) = outputs.get_mut(index) {
+            out.text.push_str(&delta.text);
+            out.tokens.extend(delta.tokens);
+            if reason.is_some() {
+                out.finish_reason = reason;
+            }
+        }
+    }
+    let usage = Usage::new(generation.prompt_tokens, provenance.completion_tokens());
+    Ok(Json(ctx.full(outputs, usage, provenance.snapshot())).into_response())
+}

@@ -1,0 +1,106 @@
+//! `POST /v1/chat/completions`: messages → chat template (with `chat_template_kwargs`, and
+//! `tools` as a template variable) → token ids → generation.
+
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::response::Response;
+use serde_json::{Map, Value};
+use tokenrouter_api::ChatMessage;
+
+use crate::error::ApiError;
+use crate::extract::{parse_value, ApiJson};
+use crate::openai::request::{ChatFields, CommonFields, MessageContent, RequestMessage};
+use crate::params::{chat_logprobs, GenerationPlan};
+use crate::render::Kind;
+use crate::respond::respond;
+use crate::state::AppState;
+
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
+    let common: CommonFields = parse_value(&body)?;
+    let chat: ChatFields = parse_value(&body)?;
+    let model = state.resolve_model(common.model.as_deref())?;
+    state.check_ready()?;
+    let max_tokens = match (chat.max_completion_tokens, common.max_tokens) {
+        (Some(m), _) => Some((m, "max_completion_tokens")),
+        (None, Some(m)) => Some((m, "max_tokens")),
+        (None, None) => None,
+    };
+    let logprobs = chat_logprobs(chat.logprobs, chat.top_logprobs, &state.config)?;
+    let plan = GenerationPlan::new(common, model, max_tokens, logprobs, &state.config)?;
+    let prompt = render_prompt(
+        &state,
+        &chat.messages,
+        chat.add_generation_prompt.unwrap_or(true),
+        chat.chat_template_kwargs,
+        chat.tools,
+    )?;
+    let ids = state.backend.encode(&prompt)?;
+    respond(&state, plan, Kind::Chat, vec![ids], arrival).await
+}
+
+/// Applies the backend's chat template to `messages`.
+pub(crate) fn render_prompt(
+    state: &AppState,
+    messages: &[RequestMessage],
+    add_generation_prompt: bool,
+    kwargs: Option<Map<String, Value>>,
+    tools: Option<Vec<Value>>,
+) -> Result<String, ApiError> {
+    let messages = to_chat_messages(messages)?;
+    let mut kwargs = kwargs.unwrap_or_default();
+    if let Some(tools) = tools {
+        kwargs.insert("tools".into(), Value::Array(tools));
+    }
+    Ok(state.backend.apply_chat_template(
+        &messages,
+        add_generation_prompt,
+        &Value::Object(kwargs),
+    )?)
+}
+
+/// Flattens OpenAI messages (string content, text parts, or null) into template messages.
+pub(crate) fn to_chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must not be empty",
+        ));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let content = match &m.content {
+                None => String::new(),
+                Some(MessageContent::Text(text)) => text.clone(),
+                Some(MessageContent::Parts(parts)) => {
+                    let mut text = String::new();
+                    for (j, part) in parts.iter().enumerate() {
+                        match (part.kind.as_str(), &part.text) {
+                            ("text", Some(t)) => text.push_str(t),
+                            _ => {
+                                return Err(ApiError::invalid(
+                                    format!("messages[{i}].content[{j}]"),
+                                    format!(
+                                        "only text content parts are supported, got type {:?}",
+                                        part.kind
+                                    ),
+                                ))
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            Ok(ChatMessage {
+                role: m.role.clone(),
+                content,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,50 @@
+//! Route table and the layers around it (API key, HTTP metrics, body limit).
+
+pub mod chat;
+pub mod completions;
+pub mod misc;
+pub mod models;
+pub mod tokenize;
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::auth::require_api_key;
+use crate::state::AppState;
+
+pub fn build(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(models::list_models))
+        .route("/v1/models/{id}", get(models::get_model))
+        .route("/health", get(misc::health))
+        .route("/metrics", get(misc::metrics))
+        .route("/version", get(misc::version))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .fallback(misc::not_found)
+        .layer(from_fn_with_state(state.clone(), require_api_key))
+        .layer(from_fn_with_state(state.clone(), count_http))
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .with_state(state)
+}
+
+/// Counts responses by route template and status code.
+async fn count_http(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let path = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let response = next.run(req).await;
+    state
+        .metrics
+        .http_requests
+        .with_label_values(&[path.as_str(), response.status().as_str()])
+        .inc();
+    response
+}

@@ -1,0 +1,121 @@
+//! Shared state of all handlers: the backend, the config, metrics and the shutdown
+//! lifecycle, plus the resolution of the request's `model` field (routed vs pinned).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokenrouter_api::{Backend, ModelIndex, ModelInfo, SubmitError};
+use tokio::sync::watch;
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub backend: Arc<dyn Backend>,
+    pub config: Arc<ServerConfig>,
+    pub metrics: Arc<Metrics>,
+    pub lifecycle: Arc<Lifecycle>,
+}
+
+/// Shutdown phases: draining (new generation requests get 503, health is 503) and then
+/// aborting (in-flight generations stop and drop their engine streams).
+pub struct Lifecycle {
+    draining: AtomicBool,
+    abort: watch::Sender<bool>,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Self {
+            draining: AtomicBool::new(false),
+            abort: watch::channel(false).0,
+        }
+    }
+}
+
+impl Lifecycle {
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Tells every in-flight generation to stop now.
+    pub fn abort_all(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.abort.send_replace(true);
+    }
+
+    /// Resolves once [`Lifecycle::abort_all`] has been called.
+    pub fn abort_signal(&self) -> watch::Receiver<bool> {
+        self.abort.subscribe()
+    }
+}
+
+/// The model a request asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelChoice {
+    /// Name echoed in responses and used as the metrics label.
+    pub name: String,
+    /// `None` = token-level routing across all models.
+    pub pinned: Option<ModelIndex>,
+    /// Context length that bounds prompt + output.
+    pub context_length: usize,
+}
+
+impl AppState {
+    /// `None` or the served (routed) name → routing; a configured model's name → pinned to
+    /// it; anything else → 404.
+    pub fn resolve_model(&self, requested: Option<&str>) -> Result<ModelChoice, ApiError> {
+        let models = self.backend.models();
+        let routed_name = self.config.served_model_name.as_str();
+        match requested {
+            None => routed(routed_name, &models),
+            Some(name) if name == routed_name => routed(routed_name, &models),
+            Some(name) => match models.iter().position(|m| m.name == name) {
+                Some(index) => Ok(ModelChoice {
+                    name: name.to_string(),
+                    pinned: Some(index),
+                    context_length: models[index].context_length,
+                }),
+                None => Err(ApiError::ModelNotFound(name.to_string())),
+            },
+        }
+    }
+
+    /// Rejects work while shutting down (503) or while the models are loading (503).
+    pub fn check_ready(&self) -> Result<(), ApiError> {
+        self.check_accepting()?;
+        if self.backend.is_ready() {
+            Ok(())
+        } else {
+            Err(SubmitError::NotReady("the models are still loading".into()).into())
+        }
+    }
+
+    /// Rejects new work while shutting down.
+    pub fn check_accepting(&self) -> Result<(), ApiError> {
+        if self.lifecycle.is_draining() {
+            Err(ApiError::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn routed(name: &str, models: &[ModelInfo]) -> Result<ModelChoice, ApiError> {
+    let context_length = models
+        .iter()
+        .map(|m| m.context_length)
+        .min()
+        .ok_or_else(|| SubmitError::NotReady("no model is configured".into()))?;
+    Ok(ModelChoice {
+        name: name.to_string(),
+        pinned: None,
+        context_length,
+    })
+}

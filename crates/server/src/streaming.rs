@@ -1,0 +1,106 @@
+//! Server-sent events for `stream: true`. Chunk order per response: content chunks (the
+//! first chunk of a chat choice carries `role` together with the first text, never an empty
+//! delta before it), each choice's finish chunk, then with `stream_options.include_usage`
+//! a final chunk with `choices: []` and usage, then `data: [DONE]`. The SSE body owns the
+//! [`Generation`]: a client that disconnects drops the body and thereby aborts the engine
+//! requests.
+
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, StreamExt};
+
+use crate::generation::{ChoiceUpdate, Generation};
+use crate::openai::response::Usage;
+use crate::provenance::ProvenanceCounter;
+use crate::render::ResponseContext;
+
+pub fn sse_response(ctx: ResponseContext, generation: Generation) -> Response {
+    let provenance = ProvenanceCounter::new(ctx.names.clone());
+    let state = SseState {
+        started: vec![false; generation.num_choices],
+        finished: 0,
+        done: false,
+        ctx,
+        generation,
+        provenance,
+    };
+    let events = stream::unfold(state, |mut state| async move {
+        let events = state.next_events().await?;
+        Some((events, state))
+    })
+    .flat_map(stream::iter)
+    .map(Ok::<_, Infallible>);
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+struct SseState {
+    ctx: ResponseContext,
+    generation: Generation,
+    provenance: ProvenanceCounter,
+    /// Whether a chunk was already sent for each choice (the first one carries the role).
+    started: Vec<bool>,
+    finished: usize,
+    done: bool,
+}
+
+impl SseState {
+    /// The next events to send; `None` ends the stream.
+    async fn next_events(&mut self) -> Option<Vec<Event>> {
+        if self.done {
+            return None;
+        }
+        let update = self.generation.next().await;
+        let (index, delta, reason) = match update {
+            Some(ChoiceUpdate::Delta { index, delta }) => (index, delta, None),
+            Some(ChoiceUpdate::Finished {
+                index,
+                delta,
+                reason,
+            }) => (index, delta, Some(reason)),
+            Some(ChoiceUpdate::Failed(err)) => {
+                self.done = true;
+                let body = serde_json::to_string(&err.body()).unwrap_or_default();
+                return Some(vec![Event::default().data(body), done_event()]);
+            }
+            None => {
+                self.done = true;
+                let mut events = Vec::new();
+                if self.ctx.include_usage {
+                    let usage = Usage::new(
+                        self.generation.prompt_tokens,
+                        self.provenance.completion_tokens(),
+                    );
+                    let chunk = self.ctx.usage_chunk(usage, self.provenance.snapshot());
+                    events.push(Event::default().data(chunk));
+                }
+                events.push(done_event());
+                return Some(events);
+            }
+        };
+        if reason.is_none() && delta.is_empty() {
+            return Some(Vec::new());
+        }
+        self.provenance.add(index, &delta.tokens);
+        let first = match self.started.get_mut(index) {
+            Some(started) => !std::mem::replace(started, true),
+            None => false,
+        };
+        let mut provenance = None;
+        if reason.is_some() {
+            self.finished += 1;
+            if self.finished == self.generation.num_choices && !self.ctx.include_usage {
+                provenance = Some(self.provenance.snapshot());
+            }
+        }
+        let chunk = self.ctx.chunk(index, first, &delta, reason, provenance);
+        Some(vec![Event::default().data(chunk)])
+    }
+}
+
+fn done_event() -> Event {
+    Event::default().data("[DONE]")
+}

@@ -1,0 +1,11 @@
+//! Router-level tests of every endpoint and error (axum oneshot, no port), streaming
+//! format, provenance, disconnect aborts, graceful shutdown, and the end-to-end run of the
+//! official `openai` Python client. One test binary keeps link time low.
+
+mod common;
+mod endpoints;
+mod errors;
+mod mock;
+mod openai_client;
+mod shutdown;
+mod streaming;
