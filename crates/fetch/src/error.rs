@@ -48,7 +48,9 @@ pub enum FetchError {
     },
 
     /// The model is not in a local cache and downloading is disabled.
-    #[error("model `{model}` is not cached (looked at {looked}) and downloading is disabled{hint}")]
+    #[error(
+        "model `{model}` is not cached (looked at {looked}) and downloading is disabled{hint}"
+    )]
     NotCached {
         /// The model id or name.
         model: String,

@@ -24,7 +24,8 @@ fn valid_repo_part(s: &str) -> bool {
     !s.is_empty()
         && s != "."
         && s != ".."
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 impl ModelId {
@@ -144,7 +145,10 @@ pub(crate) fn lookup(cache_root: &Path, id: &ModelId) -> Result<CacheLookup> {
         match fs::read_to_string(&ref_path) {
             Ok(text) => text.trim().to_string(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(CacheLookup::Missing(format!("{} (missing)", ref_path.display())));
+                return Ok(CacheLookup::Missing(format!(
+                    "{} (missing)",
+                    ref_path.display()
+                )));
             }
             Err(e) => return Err(FetchError::io(format!("reading {}", ref_path.display()), e)),
         }
@@ -157,7 +161,10 @@ pub(crate) fn lookup(cache_root: &Path, id: &ModelId) -> Result<CacheLookup> {
     }
     let snapshot = repo_dir.join("snapshots").join(&commit);
     if !snapshot.is_dir() {
-        return Ok(CacheLookup::Missing(format!("{} (missing)", snapshot.display())));
+        return Ok(CacheLookup::Missing(format!(
+            "{} (missing)",
+            snapshot.display()
+        )));
     }
     match &id.file {
         Some(file) => {
@@ -166,14 +173,18 @@ pub(crate) fn lookup(cache_root: &Path, id: &ModelId) -> Result<CacheLookup> {
                 layout::check_gguf_magic(&path)?;
                 Ok(CacheLookup::Found(ModelLocation::Gguf(path)))
             } else {
-                Ok(CacheLookup::Missing(format!("{} (missing)", path.display())))
+                Ok(CacheLookup::Missing(format!(
+                    "{} (missing)",
+                    path.display()
+                )))
             }
         }
         None => match layout::classify_dir(&snapshot, &id.repo) {
             Ok(loc) => Ok(CacheLookup::Found(loc)),
-            Err(FetchError::NotAModel { reason, .. }) => {
-                Ok(CacheLookup::Missing(format!("{} ({reason})", snapshot.display())))
-            }
+            Err(FetchError::NotAModel { reason, .. }) => Ok(CacheLookup::Missing(format!(
+                "{} ({reason})",
+                snapshot.display()
+            ))),
             Err(e) => Err(e),
         },
     }
@@ -195,14 +206,38 @@ mod tests {
     fn parses_all_spellings() {
         let cases = [
             ("Qwen/Qwen3-0.6B", id("Qwen/Qwen3-0.6B", None, None)),
-            ("Qwen/Qwen3-0.6B@v1.0", id("Qwen/Qwen3-0.6B", None, Some("v1.0"))),
-            ("org/repo:file.gguf", id("org/repo", Some("file.gguf"), None)),
-            ("org/repo/file.gguf", id("org/repo", Some("file.gguf"), None)),
-            ("org/repo/sub/file.GGUF", id("org/repo", Some("sub/file.GGUF"), None)),
-            ("org/repo@abc:file.gguf", id("org/repo", Some("file.gguf"), Some("abc"))),
-            ("org/repo@abc/file.gguf", id("org/repo", Some("file.gguf"), Some("abc"))),
-            ("org/repo:file.gguf@abc", id("org/repo", Some("file.gguf"), Some("abc"))),
-            ("org/repo/file.gguf@abc", id("org/repo", Some("file.gguf"), Some("abc"))),
+            (
+                "Qwen/Qwen3-0.6B@v1.0",
+                id("Qwen/Qwen3-0.6B", None, Some("v1.0")),
+            ),
+            (
+                "org/repo:file.gguf",
+                id("org/repo", Some("file.gguf"), None),
+            ),
+            (
+                "org/repo/file.gguf",
+                id("org/repo", Some("file.gguf"), None),
+            ),
+            (
+                "org/repo/sub/file.GGUF",
+                id("org/repo", Some("sub/file.GGUF"), None),
+            ),
+            (
+                "org/repo@abc:file.gguf",
+                id("org/repo", Some("file.gguf"), Some("abc")),
+            ),
+            (
+                "org/repo@abc/file.gguf",
+                id("org/repo", Some("file.gguf"), Some("abc")),
+            ),
+            (
+                "org/repo:file.gguf@abc",
+                id("org/repo", Some("file.gguf"), Some("abc")),
+            ),
+            (
+                "org/repo/file.gguf@abc",
+                id("org/repo", Some("file.gguf"), Some("abc")),
+            ),
         ];
         for (spec, want) in cases {
             assert_eq!(ModelId::parse(spec).expect(spec), want, "{spec}");
@@ -223,21 +258,37 @@ mod tests {
             "../repo",
         ] {
             let err = ModelId::parse(spec).expect_err(spec);
-            assert!(matches!(err, FetchError::InvalidSpec { .. }), "{spec}: {err}");
+            assert!(
+                matches!(err, FetchError::InvalidSpec { .. }),
+                "{spec}: {err}"
+            );
         }
     }
 
     #[test]
     fn cache_root_precedence() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
         };
         assert_eq!(
-            hub_cache_dir_from(env(&[("HF_HUB_CACHE", "/a"), ("HF_HOME", "/b"), ("HOME", "/h")])),
+            hub_cache_dir_from(env(&[
+                ("HF_HUB_CACHE", "/a"),
+                ("HF_HOME", "/b"),
+                ("HOME", "/h")
+            ])),
             PathBuf::from("/a")
         );
         assert_eq!(
-            hub_cache_dir_from(env(&[("HF_HUB_CACHE", ""), ("HF_HOME", "/b"), ("HOME", "/h")])),
+            hub_cache_dir_from(env(&[
+                ("HF_HUB_CACHE", ""),
+                ("HF_HOME", "/b"),
+                ("HOME", "/h")
+            ])),
             PathBuf::from("/b/hub")
         );
         assert_eq!(

@@ -40,11 +40,13 @@ impl Hub {
                 hint: "; the Hub is disabled (HF_HUB_OFFLINE)".into(),
             });
         };
-        crate::net::probe(&endpoint, opts.connect_timeout).map_err(|reason| FetchError::HubUnreachable {
-            model: model.to_string(),
-            looked: looked.to_string(),
-            endpoint: endpoint.clone(),
-            reason,
+        crate::net::probe(&endpoint, opts.connect_timeout).map_err(|reason| {
+            FetchError::HubUnreachable {
+                model: model.to_string(),
+                looked: looked.to_string(),
+                endpoint: endpoint.clone(),
+                reason,
+            }
         })?;
         let api = ApiBuilder::new()
             .with_cache_dir(opts.hf_cache_dir.clone())
@@ -97,7 +99,10 @@ impl Hub {
                 spec: id.repo.clone(),
                 candidates,
             },
-            Pick::Nothing => self.err(&id.repo, "the repo has neither *.safetensors nor *.gguf files"),
+            Pick::Nothing => self.err(
+                &id.repo,
+                "the repo has neither *.safetensors nor *.gguf files",
+            ),
         })?;
         for file in wanted {
             self.get_file(id, file)?;
@@ -123,7 +128,11 @@ fn files_to_fetch<'a>(names: &[&'a str]) -> std::result::Result<Vec<&'a str>, Pi
         .filter(|n| n.ends_with(".safetensors"))
         .collect();
     if !safetensors.is_empty() && names.contains(&"config.json") {
-        let mut files: Vec<&str> = names.iter().copied().filter(|n| HF_DIR_FILES.contains(n)).collect();
+        let mut files: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| HF_DIR_FILES.contains(n))
+            .collect();
         files.extend(safetensors);
         return Ok(files);
     }
@@ -135,7 +144,9 @@ fn files_to_fetch<'a>(names: &[&'a str]) -> std::result::Result<Vec<&'a str>, Pi
     match ggufs.as_slice() {
         [] => Err(Pick::Nothing),
         [one] => Ok(vec![*one]),
-        many => Err(Pick::Ambiguous(many.iter().map(|s| s.to_string()).collect())),
+        many => Err(Pick::Ambiguous(
+            many.iter().map(|s| s.to_string()).collect(),
+        )),
     }
 }
 
@@ -175,7 +186,10 @@ mod tests {
 
     #[test]
     fn picks_single_gguf_or_complains() {
-        assert_eq!(files_to_fetch(&["README.md", "m-q4.gguf"]), Ok(vec!["m-q4.gguf"]));
+        assert_eq!(
+            files_to_fetch(&["README.md", "m-q4.gguf"]),
+            Ok(vec!["m-q4.gguf"])
+        );
         assert_eq!(
             files_to_fetch(&["a.gguf", "b.gguf"]),
             Err(Pick::Ambiguous(vec!["a.gguf".into(), "b.gguf".into()]))
@@ -187,7 +201,9 @@ mod tests {
     fn disabled_hub_is_not_cached_error() {
         let mut opts = FetchOptions::from_env_with(|_| None, false);
         opts.hub_endpoint = None;
-        let err = Hub::connect(&opts, "org/x", "/c/models--org--x").err().expect("disabled");
+        let err = Hub::connect(&opts, "org/x", "/c/models--org--x")
+            .err()
+            .expect("disabled");
         assert!(err.to_string().contains("HF_HUB_OFFLINE"), "{err}");
     }
 }

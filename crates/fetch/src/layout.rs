@@ -32,7 +32,8 @@ const SAFETENSORS_INDEX: &str = "model.safetensors.index.json";
 
 /// Classifies an existing path. `spec` is only used in error messages.
 pub(crate) fn classify_path(path: &Path, spec: &str) -> Result<ModelLocation> {
-    let meta = fs::metadata(path).map_err(|e| FetchError::io(format!("reading {}", path.display()), e))?;
+    let meta =
+        fs::metadata(path).map_err(|e| FetchError::io(format!("reading {}", path.display()), e))?;
     if meta.is_dir() {
         classify_dir(path, spec)
     } else {
@@ -43,7 +44,8 @@ pub(crate) fn classify_path(path: &Path, spec: &str) -> Result<ModelLocation> {
 
 /// Fails unless `path` starts with the GGUF magic bytes.
 pub(crate) fn check_gguf_magic(path: &Path) -> Result<()> {
-    let mut file = fs::File::open(path).map_err(|e| FetchError::io(format!("opening {}", path.display()), e))?;
+    let mut file = fs::File::open(path)
+        .map_err(|e| FetchError::io(format!("opening {}", path.display()), e))?;
     let mut magic = [0u8; 4];
     match file.read_exact(&mut magic) {
         Ok(()) if &magic == GGUF_MAGIC => Ok(()),
@@ -61,7 +63,8 @@ pub(crate) fn check_gguf_magic(path: &Path) -> Result<()> {
 
 /// Names of regular files (following symlinks, skipping dangling ones) in `dir` ending in `ext`.
 fn files_with_ext(dir: &Path, ext: &str) -> Result<Vec<String>> {
-    let entries = fs::read_dir(dir).map_err(|e| FetchError::io(format!("listing {}", dir.display()), e))?;
+    let entries =
+        fs::read_dir(dir).map_err(|e| FetchError::io(format!("listing {}", dir.display()), e))?;
     let mut names = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| FetchError::io(format!("listing {}", dir.display()), e))?;
@@ -117,7 +120,8 @@ fn check_shards(dir: &Path, index: &Path) -> Result<()> {
     struct Index {
         weight_map: std::collections::BTreeMap<String, String>,
     }
-    let text = fs::read_to_string(index).map_err(|e| FetchError::io(format!("reading {}", index.display()), e))?;
+    let text = fs::read_to_string(index)
+        .map_err(|e| FetchError::io(format!("reading {}", index.display()), e))?;
     let parsed: Index = serde_json::from_str(&text).map_err(|e| FetchError::NotAModel {
         path: index.to_path_buf(),
         reason: format!("malformed safetensors index: {e}"),
@@ -133,7 +137,10 @@ fn check_shards(dir: &Path, index: &Path) -> Result<()> {
     } else {
         Err(FetchError::NotAModel {
             path: dir.to_path_buf(),
-            reason: format!("shards listed in {SAFETENSORS_INDEX} are missing: {}", missing.join(", ")),
+            reason: format!(
+                "shards listed in {SAFETENSORS_INDEX} are missing: {}",
+                missing.join(", ")
+            ),
         })
     }
 }
@@ -151,14 +158,20 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let good = dir.path().join("m.bin");
         write(&good, b"GGUF\x03\x00\x00\x00rest");
-        assert_eq!(classify_path(&good, "x").expect("gguf"), ModelLocation::Gguf(good.clone()));
+        assert_eq!(
+            classify_path(&good, "x").expect("gguf"),
+            ModelLocation::Gguf(good.clone())
+        );
         let bad = dir.path().join("bad.gguf");
         write(&bad, b"PK\x03\x04");
         let err = classify_path(&bad, "x").expect_err("bad magic");
         assert!(err.to_string().contains("bad magic"), "{err}");
         let short = dir.path().join("short.gguf");
         write(&short, b"GG");
-        assert!(classify_path(&short, "x").expect_err("short").to_string().contains("too short"));
+        assert!(classify_path(&short, "x")
+            .expect_err("short")
+            .to_string()
+            .contains("too short"));
     }
 
     #[test]
@@ -182,9 +195,15 @@ mod tests {
         write(&dir.path().join(SAFETENSORS_INDEX), index.as_bytes());
         write(&dir.path().join("model-00001-of-00002.safetensors"), b"\0");
         let err = classify_path(dir.path(), "x").expect_err("missing shard");
-        assert!(err.to_string().contains("model-00002-of-00002.safetensors"), "{err}");
+        assert!(
+            err.to_string().contains("model-00002-of-00002.safetensors"),
+            "{err}"
+        );
         write(&dir.path().join("model-00002-of-00002.safetensors"), b"\0");
-        assert!(matches!(classify_path(dir.path(), "x"), Ok(ModelLocation::HfDir(_))));
+        assert!(matches!(
+            classify_path(dir.path(), "x"),
+            Ok(ModelLocation::HfDir(_))
+        ));
     }
 
     #[test]

@@ -54,7 +54,13 @@ fn proxy_for(url: &str) -> Option<String> {
         .iter()
         .filter_map(|n| std::env::var(n).ok())
         .find(|v| !v.is_empty())
-        .map(|v| if v.contains("://") { v } else { format!("http://{v}") })
+        .map(|v| {
+            if v.contains("://") {
+                v
+            } else {
+                format!("http://{v}")
+            }
+        })
 }
 
 /// Checks that a TCP connection to `url`'s host (or its proxy) opens within `timeout`.
@@ -98,7 +104,10 @@ fn http_error(url: &str, err: ureq::Error) -> FetchError {
 }
 
 /// GETs `url` and parses JSON; `Ok(None)` on 404.
-pub(crate) fn get_json<T: serde::de::DeserializeOwned>(agent: &ureq::Agent, url: &str) -> Result<Option<T>> {
+pub(crate) fn get_json<T: serde::de::DeserializeOwned>(
+    agent: &ureq::Agent,
+    url: &str,
+) -> Result<Option<T>> {
     let resp = match agent.get(url).set("Accept", "application/json").call() {
         Ok(r) => r,
         Err(ureq::Error::Status(404, _)) => return Ok(None),
@@ -112,10 +121,12 @@ pub(crate) fn get_json<T: serde::de::DeserializeOwned>(agent: &ureq::Agent, url:
             url: url.to_string(),
             reason: format!("reading body: {e}"),
         })?;
-    serde_json::from_str(&body).map(Some).map_err(|e| FetchError::Http {
-        url: url.to_string(),
-        reason: format!("malformed JSON: {e}"),
-    })
+    serde_json::from_str(&body)
+        .map(Some)
+        .map_err(|e| FetchError::Http {
+            url: url.to_string(),
+            reason: format!("malformed JSON: {e}"),
+        })
 }
 
 /// Streams the body of `url` into `out`, calling `on_bytes` after each chunk; returns the length.
@@ -158,7 +169,11 @@ mod tests {
         let ok = |u: &str, h: &str, p: u16| assert_eq!(host_port(u), Ok((h.to_string(), p)), "{u}");
         ok("https://huggingface.co", "huggingface.co", 443);
         ok("http://127.0.0.1:9/x/y", "127.0.0.1", 9);
-        ok("https://user:pw@mirror.local:8443/simple/", "mirror.local", 8443);
+        ok(
+            "https://user:pw@mirror.local:8443/simple/",
+            "mirror.local",
+            8443,
+        );
         ok("http://[::1]:8080/", "::1", 8080);
         assert!(host_port("ftp://x").is_err());
         assert!(host_port("no-scheme").is_err());
@@ -171,7 +186,8 @@ mod tests {
         let port = listener.local_addr().expect("addr").port();
         drop(listener);
         let start = std::time::Instant::now();
-        let err = probe(&format!("http://127.0.0.1:{port}"), Duration::from_secs(2)).expect_err("closed");
+        let err =
+            probe(&format!("http://127.0.0.1:{port}"), Duration::from_secs(2)).expect_err("closed");
         assert!(err.contains("cannot connect"), "{err}");
         assert!(start.elapsed() < Duration::from_secs(3));
     }

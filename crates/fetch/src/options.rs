@@ -41,7 +41,9 @@ impl FetchOptions {
     /// Options from an arbitrary environment lookup (for tests).
     pub fn from_env_with(get: impl Fn(&str) -> Option<String>, progress: bool) -> Self {
         let set = |k: &str| get(k).filter(|v| !v.trim().is_empty());
-        let truthy = |k: &str| set(k).is_some_and(|v| matches!(v.trim(), "1" | "true" | "TRUE" | "yes" | "ON" | "on"));
+        let truthy = |k: &str| {
+            set(k).is_some_and(|v| matches!(v.trim(), "1" | "true" | "TRUE" | "yes" | "ON" | "on"))
+        };
         let hub_endpoint = if truthy("HF_HUB_OFFLINE") {
             None
         } else {
@@ -106,16 +108,28 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let owned: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let owned: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k: &str| owned.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
     }
 
     #[test]
     fn cache_dir_order() {
         let dir = |pairs: &[(&str, &str)]| default_cache_dir_from(env(pairs));
-        assert_eq!(dir(&[("TOKENROUTER_CACHE", "/t"), ("XDG_CACHE_HOME", "/x")]), PathBuf::from("/t"));
-        assert_eq!(dir(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]), PathBuf::from("/x/tokenrouter"));
-        assert_eq!(dir(&[("HOME", "/h")]), PathBuf::from("/h/.cache/tokenrouter"));
+        assert_eq!(
+            dir(&[("TOKENROUTER_CACHE", "/t"), ("XDG_CACHE_HOME", "/x")]),
+            PathBuf::from("/t")
+        );
+        assert_eq!(
+            dir(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]),
+            PathBuf::from("/x/tokenrouter")
+        );
+        assert_eq!(
+            dir(&[("HOME", "/h")]),
+            PathBuf::from("/h/.cache/tokenrouter")
+        );
     }
 
     #[test]
@@ -131,17 +145,26 @@ mod tests {
                 ("HF_ENDPOINT", "http://127.0.0.1:9/"),
                 ("HF_TOKEN", "tok"),
                 ("HF_HOME", "/hf"),
-                ("PIP_INDEX_URL", "https://user@mirror.local:8443/pypi/simple/"),
+                (
+                    "PIP_INDEX_URL",
+                    "https://user@mirror.local:8443/pypi/simple/",
+                ),
             ]),
             true,
         );
         assert_eq!(o.hub_endpoint.as_deref(), Some("http://127.0.0.1:9"));
         assert_eq!(o.hf_token.as_deref(), Some("tok"));
         assert_eq!(o.hf_cache_dir, PathBuf::from("/hf/hub"));
-        assert_eq!(o.pypi_index.as_deref(), Some("https://user@mirror.local:8443"));
+        assert_eq!(
+            o.pypi_index.as_deref(),
+            Some("https://user@mirror.local:8443")
+        );
 
         let o = FetchOptions::from_env_with(
-            env(&[("HF_HUB_OFFLINE", "1"), ("TOKENROUTER_PYPI_INDEX", "http://localhost:1/")]),
+            env(&[
+                ("HF_HUB_OFFLINE", "1"),
+                ("TOKENROUTER_PYPI_INDEX", "http://localhost:1/"),
+            ]),
             false,
         );
         assert_eq!(o.hub_endpoint, None);

