@@ -99,7 +99,6 @@ impl ApiError {
             ApiError::InvalidParam { param, .. } => Some(param.clone()),
             ApiError::MissingField(field) => Some(field.clone()),
             ApiError::ModelNotFound(_) => Some("model".into()),
-            ApiError::Submit(SubmitError::ContextTooLong { .. }) => Some("messages".into()),
             _ => None,
         }
     }

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use tokenrouter_api::Backend;
 
 use crate::choice::{Delta, OutToken};
@@ -150,9 +152,9 @@ impl ResponseContext {
         outputs: Vec<ChoiceOutput>,
         usage: Usage,
         provenance: Provenance,
-    ) -> serde_json::Value {
-        let result = match self.kind {
-            Kind::Chat => serde_json::to_value(ChatCompletion {
+    ) -> Response {
+        match self.kind {
+            Kind::Chat => Json(ChatCompletion {
                 id: self.id.clone(),
                 object: "chat.completion",
                 created: self.created,
@@ -173,8 +175,9 @@ impl ResponseContext {
                     .collect(),
                 usage,
                 tokenrouter: provenance,
-            }),
-            Kind::Completion => serde_json::to_value(Completion {
+            })
+            .into_response(),
+            Kind::Completion => Json(Completion {
                 id: self.id.clone(),
                 object: "text_completion",
                 created: self.created,
@@ -192,9 +195,9 @@ impl ResponseContext {
                     .collect(),
                 usage,
                 tokenrouter: provenance,
-            }),
-        };
-        result.unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+            })
+            .into_response(),
+        }
     }
 
     /// One streamed chunk for choice `index`. `first` adds the chat role; `finish` marks

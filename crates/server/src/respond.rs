@@ -3,8 +3,7 @@
 
 use std::time::Instant;
 
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 
 use crate::error::ApiError;
 use crate::generation::{ChoiceUpdate, Generation};
@@ -59,5 +58,5 @@ async fn collect(ctx: ResponseContext, mut generation: Generation) -> Result<Res
         }
     }
     let usage = Usage::new(generation.prompt_tokens, provenance.completion_tokens());
-    Ok(Json(ctx.full(outputs, usage, provenance.snapshot())).into_response())
+    Ok(ctx.full(outputs, usage, provenance.snapshot()))
 }
