@@ -1,1 +1,24 @@
-//! placeholder
+//! tokenrouter's model runtime: a ragged-batch transformer forward for Qwen3 / Qwen2 /
+//! Llama over a paged KV cache, loaded from GGUF or Hugging Face safetensors, plus the
+//! tokenizer / chat-template side and per-request sampling. The engine only talks to
+//! [`Runner::step`], which is backend-neutral.
+
+pub mod attention;
+pub mod config;
+pub mod error;
+pub mod kv;
+pub mod load;
+pub mod model;
+pub mod runner;
+pub mod sampling;
+pub mod synth;
+pub mod text;
+pub mod weights;
+
+pub use config::{Arch, ModelConfig};
+pub use error::{Result, RuntimeError};
+pub use kv::{KvCapacity, KvUsage, SeqId};
+pub use load::{inspect, load_model, KvBudget, LoadOptions, LoadedModel};
+pub use runner::{Row, Runner, StepOptions, StepOutput};
+pub use sampling::{Sampled, Sampler, SamplingConfig};
+pub use text::{check_shared_vocab, Message, SharedVocab, TextModel};

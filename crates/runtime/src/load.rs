@@ -1,0 +1,133 @@
+//! Opening a model from disk: a single GGUF file or a Hugging Face directory, giving the
+//! runner (weights + paged KV cache) and the text side (tokenizer, chat template, EOS ids).
+
+use crate::config::ModelConfig;
+use crate::error::{Result, RuntimeError};
+use crate::kv::KvCapacity;
+use crate::model::Transformer;
+use crate::runner::Runner;
+use crate::text::TextModel;
+use crate::weights::WeightSource;
+use candle_core::quantized::gguf_file;
+use candle_core::{DType, Device};
+use std::path::{Path, PathBuf};
+
+/// How much KV cache to allocate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KvBudget {
+    Tokens(usize),
+    Bytes(usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub device: Device,
+    pub kv: KvBudget,
+    /// Compute dtype for dense (safetensors) weights; GGUF weights stay quantised.
+    pub dtype: DType,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            device: Device::Cpu,
+            kv: KvBudget::Tokens(16_384),
+            dtype: DType::F32,
+        }
+    }
+}
+
+pub struct LoadedModel {
+    pub runner: Runner,
+    pub text: TextModel,
+    pub path: PathBuf,
+}
+
+fn capacity(cfg: &ModelConfig, kv: KvBudget) -> KvCapacity {
+    match kv {
+        KvBudget::Tokens(n) => KvCapacity::tokens(n),
+        KvBudget::Bytes(b) => KvCapacity::memory(b, cfg.kv_bytes_per_token()),
+    }
+}
+
+/// Read only the configuration and text side of a model (cheap: no weights).
+pub fn inspect(path: &Path) -> Result<(ModelConfig, TextModel)> {
+    if path.is_dir() {
+        Ok((
+            ModelConfig::from_hf_json(&path.join("config.json"))?,
+            TextModel::from_hf_dir(path)?,
+        ))
+    } else {
+        let (content, _) = open_gguf(path)?;
+        Ok((
+            ModelConfig::from_gguf(&content, path)?,
+            TextModel::from_gguf(&content, path)?,
+        ))
+    }
+}
+
+fn open_gguf(path: &Path) -> Result<(gguf_file::Content, std::fs::File)> {
+    let mut file = std::fs::File::open(path).map_err(|source| RuntimeError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let content = gguf_file::Content::read(&mut file)
+        .map_err(|e| RuntimeError::bad_file(path, format!("cannot parse GGUF: {e}")))?;
+    Ok((content, file))
+}
+
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).map_err(|source| RuntimeError::Io {
+        path: index.clone(),
+        source,
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| RuntimeError::bad_file(&index, format!("invalid JSON: {e}")))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| RuntimeError::bad_file(&index, "no weight_map"))?;
+    let mut files: Vec<PathBuf> = map
+        .values()
+        .filter_map(|f| f.as_str())
+        .map(|f| dir.join(f))
+        .collect();
+    files.sort();
+    files.dedup();
+    Ok(files)
+}
+
+/// Load a GGUF file or a Hugging Face directory.
+pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    let (runner, text) = if path.is_dir() {
+        let cfg = ModelConfig::from_hf_json(&path.join("config.json"))?;
+        let text = TextModel::from_hf_dir(path)?;
+        let files = safetensors_files(path)?;
+        let mut src = WeightSource::safetensors(&files, path, &opts.device, opts.dtype)?;
+        let cap = capacity(&cfg, opts.kv);
+        (
+            Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap),
+            text,
+        )
+    } else {
+        let (content, file) = open_gguf(path)?;
+        let cfg = ModelConfig::from_gguf(&content, path)?;
+        let text = TextModel::from_gguf(&content, path)?;
+        let mut src = WeightSource::gguf(content, file, path, &opts.device);
+        let cap = capacity(&cfg, opts.kv);
+        (
+            Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap),
+            text,
+        )
+    };
+    Ok(LoadedModel {
+        runner,
+        text,
+        path: path.to_path_buf(),
+    })
+}

@@ -1,0 +1,191 @@
+//! The seam the engine uses: `step(rows)` over a ragged batch of (sequence, new tokens).
+//! A decode row has one token, an extend/prefill row many; positions continue from what
+//! the sequence already has cached. The runner owns the model and its paged KV cache.
+
+use crate::attention::RowSpan;
+use crate::config::ModelConfig;
+use crate::error::{Result, RuntimeError};
+use crate::kv::{BlockManager, BlockTable, KvCapacity, KvUsage, LayerKv, SeqId};
+use crate::model::Transformer;
+use candle_core::Tensor;
+use std::collections::HashSet;
+
+/// One row of a step: which sequence and the tokens it has not cached yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub seq: SeqId,
+    pub tokens: Vec<u32>,
+}
+
+impl Row {
+    pub fn new(seq: SeqId, tokens: Vec<u32>) -> Self {
+        Self { seq, tokens }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepOptions {
+    /// Also return the final-norm hidden state of each row's last token.
+    pub want_hidden: bool,
+    /// Return logits for every token instead of each row's last (teacher forcing, tests).
+    pub all_logits: bool,
+}
+
+/// Per-row results, in the order of the rows given.
+pub struct StepOutput {
+    /// `[rows, vocab]` f32 (or `[tokens, vocab]` with `all_logits`).
+    pub logits: Tensor,
+    /// `[rows, hidden]` f32 when asked.
+    pub hidden: Option<Tensor>,
+}
+
+impl StepOutput {
+    /// Logits as one `Vec` per row (host memory).
+    pub fn logits_rows(&self) -> Result<Vec<Vec<f32>>> {
+        Ok(self.logits.to_dtype(candle_core::DType::F32)?.to_vec2()?)
+    }
+}
+
+pub struct Runner {
+    model: Transformer,
+    blocks: BlockManager,
+    kv: Vec<LayerKv>,
+}
+
+impl Runner {
+    pub fn new(model: Transformer, capacity: KvCapacity) -> Self {
+        let cfg = &model.cfg;
+        let row = cfg.num_kv_heads * cfg.head_dim;
+        let kv = (0..cfg.num_layers)
+            .map(|_| LayerKv::new(capacity.total_tokens(), row))
+            .collect();
+        Self {
+            model,
+            blocks: BlockManager::new(capacity),
+            kv,
+        }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.cfg
+    }
+
+    pub fn model(&self) -> &Transformer {
+        &self.model
+    }
+
+    /// Longest sequence (cached + new) accepted.
+    pub fn max_len(&self) -> usize {
+        self.model.max_len()
+    }
+
+    pub fn seq_len(&self, seq: SeqId) -> Option<usize> {
+        self.blocks.seq_len(seq)
+    }
+
+    pub fn usage(&self) -> KvUsage {
+        self.blocks.usage()
+    }
+
+    /// Whether `rows` could be reserved right now (for admission control).
+    pub fn blocks_needed(&self, rows: &[(SeqId, usize)]) -> usize {
+        rows.iter()
+            .map(|&(s, n)| self.blocks.blocks_needed(s, n))
+            .sum()
+    }
+
+    pub fn free_blocks(&self) -> usize {
+        let u = self.usage();
+        u.total_blocks - u.used_blocks
+    }
+
+    /// Release a sequence's KV. Returns whether it was cached here.
+    pub fn free(&mut self, seq: SeqId) -> bool {
+        self.blocks.free_seq(seq)
+    }
+
+    /// Forget cached positions from `len` on (e.g. a discarded token).
+    pub fn truncate(&mut self, seq: SeqId, len: usize) {
+        self.blocks.truncate(seq, len)
+    }
+
+    fn validate(&self, rows: &[Row]) -> Result<()> {
+        if rows.is_empty() {
+            return Err(RuntimeError::InvalidStep("no rows".into()));
+        }
+        let mut seen = HashSet::new();
+        let vocab = self.model.cfg.vocab_size as u32;
+        for r in rows {
+            if !seen.insert(r.seq) {
+                return Err(RuntimeError::InvalidStep(format!(
+                    "sequence {} appears twice in one step",
+                    r.seq
+                )));
+            }
+            if r.tokens.is_empty() {
+                return Err(RuntimeError::InvalidStep(format!(
+                    "row of sequence {} has no tokens",
+                    r.seq
+                )));
+            }
+            if let Some(bad) = r.tokens.iter().find(|&&t| t >= vocab) {
+                return Err(RuntimeError::InvalidStep(format!(
+                    "token id {bad} is outside the vocabulary ({vocab})"
+                )));
+            }
+            let len = self.blocks.seq_len(r.seq).unwrap_or(0) + r.tokens.len();
+            if len > self.max_len() {
+                return Err(RuntimeError::ContextOverflow {
+                    seq: r.seq,
+                    len,
+                    max: self.max_len(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Run one ragged batch. On `OutOfBlocks` nothing was changed.
+    pub fn step(&mut self, rows: &[Row], opts: StepOptions) -> Result<StepOutput> {
+        self.validate(rows)?;
+        let wants: Vec<(SeqId, usize)> = rows.iter().map(|r| (r.seq, r.tokens.len())).collect();
+        self.blocks.reserve(&wants)?;
+        let mut spans = Vec::with_capacity(rows.len());
+        let mut ids = Vec::new();
+        for r in rows {
+            spans.push(RowSpan {
+                start: ids.len(),
+                len: r.tokens.len(),
+                past: self.blocks.seq_len(r.seq).unwrap_or(0),
+            });
+            ids.extend_from_slice(&r.tokens);
+        }
+        let block_size = self.blocks.capacity().block_size;
+        let out = {
+            let tables: Vec<&BlockTable> = rows
+                .iter()
+                .map(|r| {
+                    self.blocks.table(r.seq).ok_or_else(|| {
+                        RuntimeError::InvalidStep(format!("sequence {} has no blocks", r.seq))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            self.model.forward(
+                &ids,
+                &spans,
+                &tables,
+                block_size,
+                &mut self.kv,
+                opts.want_hidden,
+                opts.all_logits,
+            )?
+        };
+        for r in rows {
+            self.blocks.advance(r.seq, r.tokens.len());
+        }
+        Ok(StepOutput {
+            logits: out.logits,
+            hidden: out.hidden,
+        })
+    }
+}
