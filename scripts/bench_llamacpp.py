@@ -48,9 +48,9 @@ def run(server: LlamaServer, prompt: list[int], n_predict: int) -> dict:
     tm = out["timings"]
     return {
         "prompt_n": tm["prompt_n"],
-        "prompt_tok_s": tm["prompt_per_second"],
+        "prompt_tok_s": round(tm["prompt_per_second"], 3),
         "predicted_n": tm["predicted_n"],
-        "decode_tok_s": tm["predicted_per_second"],
+        "decode_tok_s": round(tm["predicted_per_second"], 3),
         "wall_s": round(wall, 4),
     }
 
