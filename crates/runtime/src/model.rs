@@ -147,6 +147,18 @@ impl Transformer {
         Ok(self.embed.embedding(&ids)?)
     }
 
+    /// A shareable function giving input embeddings of token ids (for routers).
+    pub fn embedder(
+        &self,
+    ) -> std::sync::Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor> + Send + Sync> {
+        let embed = self.embed.clone();
+        let device = self.device.clone();
+        std::sync::Arc::new(move |ids: &[u32]| {
+            let ids = Tensor::new(ids, &device)?;
+            embed.embedding(&ids)
+        })
+    }
+
     /// Run one ragged batch. `tables[r]` must already have room for row r's new tokens.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(

@@ -1,0 +1,334 @@
+//! The YAML configuration, in TokenRouter's shape (`model.<name>.{model_path,
+//! scheduler_class, scheduler_kwargs, delayed_batching_threshold, ...}`, `system.{...}`).
+//! Unknown or mistyped keys fail with the file, the key and a hint instead of being ignored.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Io {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: {message}")]
+    Invalid { file: PathBuf, message: String },
+}
+
+/// How long a model waits to batch requests (TokenRouter's delayed batching).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Threshold {
+    /// The same threshold at every concurrency.
+    Fixed(usize),
+    /// Entry i applies when i+1 requests are active (the last entry beyond the list).
+    PerConcurrency(Vec<usize>),
+    /// `auto`: tuned online from measured latencies and routing rates.
+    Auto(AutoKeyword),
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutoKeyword {
+    Auto,
+}
+
+impl Default for Threshold {
+    fn default() -> Self {
+        Threshold::Fixed(1)
+    }
+}
+
+impl Threshold {
+    /// The threshold for `active` concurrent requests (`auto` behaves as 1 until tuned).
+    pub fn at(&self, active: usize) -> usize {
+        match self {
+            Threshold::Fixed(b) => (*b).max(1),
+            Threshold::PerConcurrency(list) => {
+                let i = active.max(1) - 1;
+                list.get(i).or(list.last()).copied().unwrap_or(1).max(1)
+            }
+            Threshold::Auto(_) => 1,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// A GGUF file, a Hugging Face directory, a model id in the HF cache, or a built-in
+    /// default name (see `tokenrouter fetch`).
+    pub model_path: String,
+    /// Routing policy of this model (e.g. `rstitch`, `r2r_slm`, `r2r_llm`, `random`).
+    #[serde(default)]
+    pub scheduler_class: Option<String>,
+    #[serde(default)]
+    pub scheduler_kwargs: serde_yaml::Value,
+    #[serde(default)]
+    pub delayed_batching_threshold: Threshold,
+    /// `cpu`, `cuda`, `cuda:N`.
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// Compute dtype for dense weights: `f32`, `bf16`, `f16`.
+    #[serde(default)]
+    pub dtype: Option<String>,
+    /// KV cache size in tokens.
+    #[serde(default)]
+    pub kv_cache_tokens: Option<usize>,
+    /// Accepted for compatibility with TokenRouter configs; ignored (single device).
+    #[serde(default)]
+    pub tp_size: Option<usize>,
+    /// Accepted for compatibility with TokenRouter configs; ignored (one HTTP port).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Build a model of the configured shape with random weights (benchmarks only).
+    #[serde(default)]
+    pub random_weights: bool,
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Execution {
+    /// Each model steps at its own pace (the TokenRouter design).
+    #[default]
+    Async,
+    /// Lockstep across models (the naive design, for comparison).
+    Sync,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SystemSection {
+    /// The model that starts every request (the small one).
+    pub entry_model: String,
+    #[serde(default)]
+    pub execution: Execution,
+    /// Requests waiting beyond this are refused at once (HTTP 429).
+    #[serde(default = "default_max_queued")]
+    pub max_queued_requests: usize,
+    /// Largest number of requests a model steps in one batch.
+    #[serde(default = "default_max_batch")]
+    pub max_batch_size: usize,
+    /// Accepted for compatibility with TokenRouter configs; ignored on CPU.
+    #[serde(default)]
+    pub mem_fraction_static: Option<f64>,
+}
+
+fn default_max_queued() -> usize {
+    256
+}
+
+fn default_max_batch() -> usize {
+    64
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Models in file order; the order defines model indices after the entry model is
+    /// moved to the front.
+    pub model: serde_yaml::Mapping,
+    pub system: SystemSection,
+    #[serde(skip)]
+    pub file: PathBuf,
+}
+
+/// A validated model entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamedModel {
+    pub name: String,
+    pub section: ModelSection,
+}
+
+fn hint_for(message: &str) -> String {
+    const KNOWN: &[&str] = &[
+        "model_path",
+        "scheduler_class",
+        "scheduler_kwargs",
+        "delayed_batching_threshold",
+        "device",
+        "dtype",
+        "kv_cache_tokens",
+        "tp_size",
+        "port",
+        "random_weights",
+        "entry_model",
+        "execution",
+        "max_queued_requests",
+        "max_batch_size",
+        "mem_fraction_static",
+    ];
+    // serde says "unknown field `x`, expected one of ..." — suggest the closest key.
+    if let Some(start) = message.find("unknown field `") {
+        let rest = &message[start + 15..];
+        if let Some(end) = rest.find('`') {
+            let bad = &rest[..end];
+            if let Some(best) = KNOWN.iter().min_by_key(|k| edit_distance(bad, k)) {
+                if edit_distance(bad, best) <= 3 {
+                    return format!(" (did you mean `{best}`?)");
+                }
+            }
+        }
+    }
+    String::new()
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+impl EngineConfig {
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            file: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_yaml(&text, path)
+    }
+
+    pub fn from_yaml(text: &str, file: &Path) -> Result<Self, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            file: file.to_path_buf(),
+            message,
+        };
+        let mut cfg: EngineConfig = serde_yaml::from_str(text).map_err(|e| {
+            let m = e.to_string();
+            invalid(format!("{m}{}", hint_for(&m)))
+        })?;
+        cfg.file = file.to_path_buf();
+        let models = cfg.models()?;
+        if !models.iter().any(|m| m.name == cfg.system.entry_model) {
+            return Err(invalid(format!(
+                "system.entry_model: `{}` is not one of the models ({})",
+                cfg.system.entry_model,
+                models
+                    .iter()
+                    .map(|m| m.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        Ok(cfg)
+    }
+
+    /// Models with the entry model first, then the others in file order.
+    pub fn models(&self) -> Result<Vec<NamedModel>, ConfigError> {
+        let mut out = Vec::new();
+        for (k, v) in &self.model {
+            let name = k
+                .as_str()
+                .ok_or_else(|| ConfigError::Invalid {
+                    file: self.file.clone(),
+                    message: format!("model: key {k:?} must be a string"),
+                })?
+                .to_string();
+            let section: ModelSection = serde_yaml::from_value(v.clone()).map_err(|e| {
+                let m = e.to_string();
+                ConfigError::Invalid {
+                    file: self.file.clone(),
+                    message: format!("model.{name}: {m}{}", hint_for(&m)),
+                }
+            })?;
+            out.push(NamedModel { name, section });
+        }
+        if out.is_empty() {
+            return Err(ConfigError::Invalid {
+                file: self.file.clone(),
+                message: "model: at least one model is required".into(),
+            });
+        }
+        if let Some(pos) = out.iter().position(|m| m.name == self.system.entry_model) {
+            let entry = out.remove(pos);
+            out.insert(0, entry);
+        }
+        Ok(out)
+    }
+}
+
+/// Parse the `scheduler_kwargs` of one model into a policy's typed options, with an error
+/// naming the model, the key and the file.
+pub fn parse_kwargs<T: serde::de::DeserializeOwned + Default>(
+    kwargs: &serde_yaml::Value,
+    model: &str,
+    file: &Path,
+) -> Result<T, ConfigError> {
+    if kwargs.is_null() {
+        return Ok(T::default());
+    }
+    serde_yaml::from_value(kwargs.clone()).map_err(|e| ConfigError::Invalid {
+        file: file.to_path_buf(),
+        message: format!("model.{model}.scheduler_kwargs: {e}"),
+    })
+}
+
+/// Keep model names stable in maps.
+pub type ModelNames = BTreeMap<usize, String>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+model:
+  reference: {model_path: big.gguf, scheduler_class: r2r_llm, delayed_batching_threshold: [1, 2, 2]}
+  quick: {model_path: small.gguf, scheduler_class: r2r_slm, scheduler_kwargs: {threshold: 0.3}}
+system: {entry_model: quick, execution: sync}
+"#;
+
+    #[test]
+    fn parses_and_puts_entry_first() {
+        let cfg = EngineConfig::from_yaml(GOOD, Path::new("x.yaml")).unwrap();
+        let models = cfg.models().unwrap();
+        assert_eq!(models[0].name, "quick");
+        assert_eq!(models[1].section.delayed_batching_threshold.at(2), 2);
+        assert_eq!(models[1].section.delayed_batching_threshold.at(9), 2);
+        assert_eq!(cfg.system.execution, Execution::Sync);
+    }
+
+    #[test]
+    fn unknown_keys_fail_with_file_key_and_hint() {
+        let bad = GOOD.replace("scheduler_kwargs", "scheduler_kwarg");
+        let e = EngineConfig::from_yaml(&bad, Path::new("cfg/x.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cfg/x.yaml") && e.contains("model.quick") && e.contains("scheduler_kwarg"),
+            "{e}"
+        );
+        assert!(e.contains("did you mean `scheduler_kwargs`"), "{e}");
+        let bad = GOOD.replace("entry_model: quick", "entry_model: fast");
+        let e = EngineConfig::from_yaml(&bad, Path::new("x.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("entry_model") && e.contains("fast"), "{e}");
+        let bad = GOOD.replace("execution: sync", "execution: lockstep");
+        assert!(EngineConfig::from_yaml(&bad, Path::new("x.yaml")).is_err());
+    }
+
+    #[test]
+    fn thresholds_parse_in_all_forms() {
+        let t: Threshold = serde_yaml::from_str("auto").unwrap();
+        assert!(matches!(t, Threshold::Auto(_)));
+        let t: Threshold = serde_yaml::from_str("3").unwrap();
+        assert_eq!(t.at(1), 3);
+        let t: Threshold = serde_yaml::from_str("[1, 2, 3]").unwrap();
+        assert_eq!((t.at(1), t.at(3), t.at(10)), (1, 3, 3));
+    }
+}

@@ -1,0 +1,15 @@
+//! tokenrouter's engine: one sub-server per model, an inter-model loop moving requests
+//! between them as messages (KV never moves), routing policies chosen in YAML, delayed
+//! batching, and a lockstep mode for comparison.
+
+pub mod config;
+pub mod engine;
+pub mod exchange;
+pub mod methods;
+pub mod metrics;
+pub mod policy;
+pub mod request;
+pub mod subserver;
+
+pub use config::{EngineConfig, Execution, Threshold};
+pub use engine::{Engine, EngineError, GenerateParams, Generation};

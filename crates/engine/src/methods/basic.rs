@@ -1,0 +1,293 @@
+//! Baselines and training-free methods: `slm_only`, `llm_only`, `query` (request-level
+//! pinning only), `random` (route with probability p, seeded per request and position)
+//! and `rstitch` (R-Stitch: normalised entropy above a threshold goes to the large model,
+//! which keeps writing while its own normalised entropy stays above it).
+
+use super::unit_hash;
+use crate::config::{parse_kwargs, ConfigError};
+use crate::policy::{Decision, Policy, PolicyContext, Registry, SendMode, StepView};
+use serde::Deserialize;
+use tokenrouter_api::ModelIndex;
+use tokenrouter_runtime::sampling::entropy;
+
+/// Never routes: every request stays where it is (SLM-only, and the `query` method where
+/// only the request's `model` field chooses a model).
+struct Stay;
+
+impl Policy for Stay {
+    fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
+        vec![Decision::STAY; step.rows.len()]
+    }
+}
+
+/// Sends every request to `to` at its first step and never brings it back.
+struct Always {
+    to: ModelIndex,
+}
+
+impl Policy for Always {
+    fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
+        vec![Decision::go(self.to, None); step.rows.len()]
+    }
+}
+
+/// The large-model side of one-token methods (R2R, CITER, Co-LLM, random): write one
+/// token, keep it, go back to the entry model.
+pub struct ReturnAfterOne;
+
+impl Policy for ReturnAfterOne {
+    fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
+        vec![Decision::go(0, None); step.rows.len()]
+    }
+
+    fn send(&self, _rid: u64, _to: ModelIndex) -> SendMode {
+        SendMode::KeepLast
+    }
+}
+
+fn target(ctx: &PolicyContext, to: &Option<String>, key: &str) -> Result<ModelIndex, ConfigError> {
+    let me = &ctx.model_names[ctx.model];
+    match to {
+        None => {
+            if ctx.model_names.len() < 2 {
+                return Err(ConfigError::Invalid {
+                    file: ctx.config_file.clone(),
+                    message: format!("model.{me}: routing needs a second model"),
+                });
+            }
+            Ok(if ctx.model == 0 { 1 } else { 0 })
+        }
+        Some(name) => ctx
+            .model_names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| ConfigError::Invalid {
+                file: ctx.config_file.clone(),
+                message: format!("model.{me}.scheduler_kwargs.{key}: no model named `{name}`"),
+            }),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct NoKwargs {}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ToKwargs {
+    to: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RandomKwargs {
+    /// Probability that an entry-model step is routed.
+    p: f64,
+    #[serde(default)]
+    seed: u64,
+    /// Target model name (default: the other model).
+    to: Option<String>,
+}
+
+impl Default for RandomKwargs {
+    fn default() -> Self {
+        Self {
+            p: 0.3,
+            seed: 0,
+            to: None,
+        }
+    }
+}
+
+pub struct Random {
+    p: f64,
+    seed: u64,
+    to: ModelIndex,
+}
+
+impl Policy for Random {
+    fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
+        step.rows
+            .iter()
+            .map(|r| {
+                let u = unit_hash(self.seed, r.seed, r.output.len() as u64);
+                if u < self.p {
+                    Decision::go(self.to, Some(u as f32))
+                } else {
+                    Decision::stay(Some(u as f32))
+                }
+            })
+            .collect()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RStitchKwargs {
+    /// τ on the normalised entropy H / ln V.
+    threshold: f32,
+    to: Option<String>,
+}
+
+impl Default for RStitchKwargs {
+    fn default() -> Self {
+        Self {
+            threshold: 0.3,
+            to: None,
+        }
+    }
+}
+
+/// Normalised entropy of a row: H / ln(V), in [0, 1].
+pub fn normalised_entropy(logits: &[f32]) -> f32 {
+    entropy(logits) / (logits.len().max(2) as f32).ln()
+}
+
+struct RStitchSlm {
+    threshold: f32,
+    to: ModelIndex,
+}
+
+impl Policy for RStitchSlm {
+    fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
+        step.rows
+            .iter()
+            .map(|r| {
+                let h = normalised_entropy(r.logits);
+                if h > self.threshold {
+                    Decision::go(self.to, Some(h))
+                } else {
+                    Decision::stay(Some(h))
+                }
+            })
+            .collect()
+    }
+}
+
+struct RStitchLlm {
+    threshold: f32,
+}
+
+impl Policy for RStitchLlm {
+    fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
+        step.rows
+            .iter()
+            .map(|r| {
+                let h = normalised_entropy(r.logits);
+                if h <= self.threshold {
+                    Decision::go(0, Some(h))
+                } else {
+                    Decision::stay(Some(h))
+                }
+            })
+            .collect()
+    }
+
+    fn send(&self, _rid: u64, _to: ModelIndex) -> SendMode {
+        SendMode::KeepLast
+    }
+}
+
+fn file(ctx: &PolicyContext) -> std::path::PathBuf {
+    ctx.config_file.clone()
+}
+
+fn name(ctx: &PolicyContext) -> &str {
+    &ctx.model_names[ctx.model]
+}
+
+pub fn register(r: &mut Registry) {
+    fn stay(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
+        parse_kwargs::<NoKwargs>(k, name(ctx), &file(ctx))?;
+        Ok(Box::new(Stay))
+    }
+    fn llm_only(
+        k: &serde_yaml::Value,
+        ctx: &PolicyContext,
+    ) -> Result<Box<dyn Policy>, ConfigError> {
+        let kw: ToKwargs = parse_kwargs(k, name(ctx), &file(ctx))?;
+        if ctx.model == 0 {
+            Ok(Box::new(Always {
+                to: target(ctx, &kw.to, "to")?,
+            }))
+        } else {
+            Ok(Box::new(Stay))
+        }
+    }
+    fn random(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
+        let kw: RandomKwargs = parse_kwargs(k, name(ctx), &file(ctx))?;
+        if !(0.0..=1.0).contains(&kw.p) {
+            return Err(ConfigError::Invalid {
+                file: file(ctx),
+                message: format!(
+                    "model.{}.scheduler_kwargs.p: {} is not a probability",
+                    name(ctx),
+                    kw.p
+                ),
+            });
+        }
+        if ctx.model == 0 {
+            Ok(Box::new(Random {
+                p: kw.p,
+                seed: kw.seed,
+                to: target(ctx, &kw.to, "to")?,
+            }))
+        } else {
+            Ok(Box::new(ReturnAfterOne))
+        }
+    }
+    fn rstitch(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
+        let kw: RStitchKwargs = parse_kwargs(k, name(ctx), &file(ctx))?;
+        if ctx.model == 0 {
+            Ok(Box::new(RStitchSlm {
+                threshold: kw.threshold,
+                to: target(ctx, &kw.to, "to")?,
+            }))
+        } else {
+            Ok(Box::new(RStitchLlm {
+                threshold: kw.threshold,
+            }))
+        }
+    }
+    for n in [
+        "slm_only",
+        "slm_only_slm",
+        "slm_only_llm",
+        "query",
+        "query_slm",
+        "query_llm",
+        "llm_only_llm",
+    ] {
+        r.register(n, stay);
+    }
+    for n in ["llm_only", "llm_only_slm"] {
+        r.register(n, llm_only);
+    }
+    for n in ["random", "random_slm", "random_llm"] {
+        r.register(n, random);
+    }
+    for n in ["rstitch", "rstitch_slm", "rstitch_llm"] {
+        r.register(n, rstitch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalised_entropy_bounds() {
+        assert!((normalised_entropy(&[0.0; 16]) - 1.0).abs() < 1e-5);
+        let mut peaked = vec![-30.0; 16];
+        peaked[3] = 30.0;
+        assert!(normalised_entropy(&peaked) < 1e-3);
+    }
+
+    #[test]
+    fn unit_hash_is_uniformish_and_deterministic() {
+        let n = 20_000;
+        let below = (0..n).filter(|&i| unit_hash(1, 2, i) < 0.3).count();
+        assert!((below as f64 / n as f64 - 0.3).abs() < 0.02);
+        assert_eq!(unit_hash(5, 6, 7), unit_hash(5, 6, 7));
+    }
+}

@@ -1,0 +1,132 @@
+//! Engine metrics in Prometheus form: per model step latency, batch size, queue lengths,
+//! KV usage and tokens written; routing switches and hand-off latency; the current
+//! delayed-batching thresholds. Names carry the `tokenrouter:` prefix and a `model` label.
+
+use prometheus::{
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+pub struct EngineMetrics {
+    registry: Registry,
+    pub step_latency: HistogramVec,
+    pub batch_size: HistogramVec,
+    pub tokens: IntCounterVec,
+    pub switches: IntCounterVec,
+    pub handoff_latency: HistogramVec,
+    pub running: GaugeVec,
+    pub waiting: GaugeVec,
+    pub kv_usage: GaugeVec,
+    pub threshold: GaugeVec,
+    pub predicted_throughput: Gauge,
+    pub active: IntGauge,
+}
+
+fn buckets_seconds() -> Vec<f64> {
+    vec![
+        0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+    ]
+}
+
+impl EngineMetrics {
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let m = |name: &str| format!("tokenrouter:{name}");
+        let step_latency = HistogramVec::new(
+            HistogramOpts::new(
+                m("model_step_latency_seconds"),
+                "Duration of one model step",
+            )
+            .buckets(buckets_seconds()),
+            &["model"],
+        )?;
+        let batch_size = HistogramVec::new(
+            HistogramOpts::new(m("model_batch_size"), "Requests per model step")
+                .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]),
+            &["model"],
+        )?;
+        let tokens = IntCounterVec::new(
+            Opts::new(
+                m("tokens_by_model_total"),
+                "Output tokens written by each model",
+            ),
+            &["model"],
+        )?;
+        let switches = IntCounterVec::new(
+            Opts::new(
+                m("switches_total"),
+                "Requests handed from one model to another",
+            ),
+            &["from", "to"],
+        )?;
+        let handoff_latency = HistogramVec::new(
+            HistogramOpts::new(
+                m("handoff_latency_seconds"),
+                "From a routing decision to the receiver's step that includes the request",
+            )
+            .buckets(buckets_seconds()),
+            &["model"],
+        )?;
+        let running = GaugeVec::new(
+            Opts::new(
+                m("model_requests_running"),
+                "Requests in a model's running batch",
+            ),
+            &["model"],
+        )?;
+        let waiting = GaugeVec::new(
+            Opts::new(m("model_requests_waiting"), "Requests queued at a model"),
+            &["model"],
+        )?;
+        let kv_usage = GaugeVec::new(
+            Opts::new(m("kv_cache_usage_perc"), "Fraction of KV blocks in use"),
+            &["model"],
+        )?;
+        let threshold = GaugeVec::new(
+            Opts::new(
+                m("delayed_batching_threshold"),
+                "Current delayed-batching threshold (requests a model waits for)",
+            ),
+            &["model"],
+        )?;
+        let predicted_throughput = Gauge::new(
+            m("planner_predicted_tokens_per_second"),
+            "Throughput the delayed-batching planner predicts for the current thresholds",
+        )?;
+        let active = IntGauge::new(m("engine_active_requests"), "Requests inside the engine")?;
+        registry.register(Box::new(step_latency.clone()))?;
+        registry.register(Box::new(batch_size.clone()))?;
+        registry.register(Box::new(tokens.clone()))?;
+        registry.register(Box::new(switches.clone()))?;
+        registry.register(Box::new(handoff_latency.clone()))?;
+        registry.register(Box::new(running.clone()))?;
+        registry.register(Box::new(waiting.clone()))?;
+        registry.register(Box::new(kv_usage.clone()))?;
+        registry.register(Box::new(threshold.clone()))?;
+        registry.register(Box::new(predicted_throughput.clone()))?;
+        registry.register(Box::new(active.clone()))?;
+        Ok(Self {
+            registry,
+            step_latency,
+            batch_size,
+            tokens,
+            switches,
+            handoff_latency,
+            running,
+            waiting,
+            kv_usage,
+            threshold,
+            predicted_throughput,
+            active,
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let mut buf = Vec::new();
+        let enc = TextEncoder::new();
+        if enc.encode(&self.registry.gather(), &mut buf).is_err() {
+            return String::new();
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

@@ -1,0 +1,199 @@
+//! Routing policies: what a method decides, never how requests are batched or threaded.
+//! Each model gets its own policy instance (its *role*). After every step of that model,
+//! `route` says for each request whether it stays or goes to another model; `send` says
+//! what the receiver gets (keep or drop the token just written here, e.g. R2R drops the
+//! small model's token so the large model rewrites that position); `receive` says how
+//! much of an incoming delta a model accepts. Policies are registered by name and built
+//! from YAML `scheduler_class` + `scheduler_kwargs`.
+
+use crate::config::ConfigError;
+use candle_core::Tensor;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokenrouter_api::ModelIndex;
+
+/// What the engine must compute in a step for this policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// The final-norm hidden state of each row's last token (`StepView::hidden`).
+    pub hidden: bool,
+}
+
+/// One request in a finished step, as the policy sees it.
+pub struct RowView<'a> {
+    pub rid: u64,
+    /// Raw logits of the row's last position (padding ids already excluded).
+    pub logits: &'a [f32],
+    /// The token this model just sampled at that position.
+    pub token: u32,
+    /// Prompt tokens.
+    pub prompt: &'a [u32],
+    /// Output so far, *without* `token`.
+    pub output: &'a [u32],
+    /// Which model wrote each output token.
+    pub sources: &'a [ModelIndex],
+    /// Tokens this model has written since the request last arrived here.
+    pub visit_tokens: usize,
+    /// Per-request seed (stable across runs and batch compositions).
+    pub seed: u64,
+}
+
+/// A finished step of one model.
+pub struct StepView<'a> {
+    pub model: ModelIndex,
+    pub rows: &'a [RowView<'a>],
+    /// `[rows, hidden]` on the model's device, when `Needs::hidden` was set.
+    pub hidden: Option<&'a Tensor>,
+}
+
+/// The decision for one row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Decision {
+    /// `None` = stay at this model.
+    pub to: Option<ModelIndex>,
+    /// The router's score for this position (probability, entropy, ...), for provenance.
+    pub score: Option<f32>,
+}
+
+impl Decision {
+    pub const STAY: Decision = Decision {
+        to: None,
+        score: None,
+    };
+
+    pub fn stay(score: Option<f32>) -> Self {
+        Decision { to: None, score }
+    }
+
+    pub fn go(to: ModelIndex, score: Option<f32>) -> Self {
+        Decision {
+            to: Some(to),
+            score,
+        }
+    }
+}
+
+/// What happens to the token a model just wrote when the request leaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendMode {
+    /// Append it to the output; the receiver continues after it.
+    KeepLast,
+    /// Discard it: the receiver rewrites this position (`output_ids[:-1]`).
+    DropLast,
+}
+
+/// Read-only facts about the models, given to policies at construction.
+#[derive(Clone)]
+pub struct PolicyContext {
+    /// This policy's model.
+    pub model: ModelIndex,
+    /// All model names, index order (0 = entry).
+    pub model_names: Vec<String>,
+    /// Token id -> decoded text, for text-aware policies (e.g. GlimpRouter's "\n\n").
+    pub token_text: Arc<Vec<String>>,
+    /// Vocabulary size of this model's logits (before padding is masked).
+    pub vocab_size: usize,
+    /// Ids at or above this are padding and never sampled.
+    pub sample_limit: usize,
+    /// The config file (for relative weight paths and error messages).
+    pub config_file: PathBuf,
+    /// The model's input embedding of token ids, `[n, hidden]` (routers such as R2R use
+    /// the small model's embedding).
+    pub embed: Option<Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor> + Send + Sync>>,
+    /// Device of this model (routers run next to it).
+    pub device: candle_core::Device,
+}
+
+impl PolicyContext {
+    /// A path from scheduler_kwargs, relative to the config file.
+    pub fn resolve_path(&self, p: &str) -> PathBuf {
+        let p = Path::new(p);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.config_file
+                .parent()
+                .map(|d| d.join(p))
+                .unwrap_or_else(|| p.to_path_buf())
+        }
+    }
+}
+
+pub trait Policy: Send {
+    fn needs(&self) -> Needs {
+        Needs::default()
+    }
+
+    /// Decide, for every row of a finished step, whether the request stays or moves.
+    fn route(&mut self, step: &StepView<'_>) -> Vec<Decision>;
+
+    /// What the receiver gets when a request leaves this model.
+    fn send(&self, _rid: u64, _to: ModelIndex) -> SendMode {
+        SendMode::DropLast
+    }
+
+    /// How many tokens of an incoming delta this model accepts (a prefix; default all).
+    fn receive(&mut self, _rid: u64, _from: ModelIndex, delta: &[u32]) -> usize {
+        delta.len()
+    }
+
+    /// The request finished or was aborted: drop any per-request state.
+    fn forget(&mut self, _rid: u64) {}
+}
+
+/// Builds one model's policy from its kwargs.
+pub type PolicyFactory =
+    fn(kwargs: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError>;
+
+/// Name -> factory. Names follow TokenRouter (`r2r_slm`, `r2r_llm`, ...).
+pub struct Registry {
+    factories: HashMap<&'static str, PolicyFactory>,
+}
+
+impl Registry {
+    pub fn empty() -> Self {
+        Self {
+            factories: HashMap::new(),
+        }
+    }
+
+    pub fn register(&mut self, name: &'static str, f: PolicyFactory) {
+        self.factories.insert(name, f);
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        let mut v: Vec<_> = self.factories.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    pub fn build(
+        &self,
+        name: &str,
+        kwargs: &serde_yaml::Value,
+        ctx: &PolicyContext,
+    ) -> Result<Box<dyn Policy>, ConfigError> {
+        let model = &ctx.model_names[ctx.model];
+        let f = self
+            .factories
+            .get(name)
+            .ok_or_else(|| ConfigError::Invalid {
+                file: ctx.config_file.clone(),
+                message: format!(
+                    "model.{model}.scheduler_class: unknown `{name}` (known: {})",
+                    self.names().join(", ")
+                ),
+            })?;
+        f(kwargs, ctx)
+    }
+}
+
+impl Default for Registry {
+    /// Every method shipped with tokenrouter.
+    fn default() -> Self {
+        let mut r = Registry::empty();
+        crate::methods::register_all(&mut r);
+        r
+    }
+}

@@ -1,0 +1,428 @@
+//! One sub-server per model: it owns the model's runner (weights + paged KV), its waiting
+//! queue and its running batch, and steps at its own pace. Requests join and leave between
+//! steps; a request that arrives extends this model's KV by the tokens it has not seen
+//! (lazily prefilling prompt + output on first contact), so extend rows and decode rows
+//! share one step. After a step the policy decides who stays and who moves on.
+
+use crate::config::Threshold;
+use crate::metrics::EngineMetrics;
+use crate::policy::{Decision, Needs, Policy, RowView, SendMode, StepView};
+use crate::request::Req;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokenrouter_api::{FinishReason, ModelIndex, TokenEvent};
+use tokenrouter_runtime::{Row, Runner, RuntimeError, StepOptions};
+
+/// State every sub-server and the inter-model loop can read.
+pub struct Shared {
+    pub names: Vec<String>,
+    /// Requests inside the engine (admitted, not finished).
+    pub active: AtomicUsize,
+    /// Requests held by each model (waiting + running).
+    pub held: Vec<AtomicUsize>,
+    /// Whether each model is currently holding back a step (delayed batching).
+    pub delaying: Vec<AtomicBool>,
+    /// Hand-offs sent but not yet accepted by their receiver.
+    pub in_transit: AtomicUsize,
+    /// KV blocks in use at each model (for metrics and leak checks).
+    pub kv_used: Vec<AtomicUsize>,
+    /// Smallest context length across models: a request must fit every model it may visit.
+    pub context_limit: usize,
+    pub thresholds: Vec<Mutex<Threshold>>,
+    pub metrics: Arc<EngineMetrics>,
+    /// Step latency observations (model, batch size, seconds) for online tuning.
+    pub latency_log: Mutex<Vec<(ModelIndex, usize, f64)>>,
+    /// Routing observations: counts[from][to] of step outcomes (to == from means stayed).
+    pub route_counts: Mutex<Vec<Vec<u64>>>,
+}
+
+impl Shared {
+    pub fn new(
+        names: Vec<String>,
+        context_limit: usize,
+        thresholds: Vec<Threshold>,
+        metrics: Arc<EngineMetrics>,
+    ) -> Self {
+        let n = names.len();
+        Self {
+            names,
+            active: AtomicUsize::new(0),
+            held: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            delaying: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            in_transit: AtomicUsize::new(0),
+            kv_used: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            context_limit,
+            thresholds: thresholds.into_iter().map(Mutex::new).collect(),
+            metrics,
+            latency_log: Mutex::new(Vec::new()),
+            route_counts: Mutex::new(vec![vec![0; n]; n]),
+        }
+    }
+
+    pub fn threshold(&self, model: ModelIndex, active: usize) -> usize {
+        self.thresholds[model]
+            .lock()
+            .map(|t| t.at(active))
+            .unwrap_or(1)
+    }
+}
+
+/// Messages into a sub-server.
+pub enum Inbound {
+    /// A request arrives (new, or handed over by another model).
+    Admit(Box<Req>),
+    /// A request finished elsewhere: free its KV here.
+    Free(u64),
+}
+
+/// Messages out of a sub-server, for the inter-model loop.
+pub enum Outbound {
+    Handoff {
+        req: Box<Req>,
+        to: ModelIndex,
+    },
+    /// The request finished or was aborted here (its KV here is already free).
+    Done {
+        rid: u64,
+    },
+}
+
+pub struct SubServer {
+    pub idx: ModelIndex,
+    runner: Runner,
+    policy: Box<dyn Policy>,
+    needs: Needs,
+    waiting: VecDeque<Box<Req>>,
+    running: Vec<Box<Req>>,
+    sample_limit: usize,
+    max_batch: usize,
+    shared: Arc<Shared>,
+}
+
+impl SubServer {
+    pub fn new(
+        idx: ModelIndex,
+        runner: Runner,
+        policy: Box<dyn Policy>,
+        sample_limit: usize,
+        max_batch: usize,
+        shared: Arc<Shared>,
+    ) -> Self {
+        let needs = policy.needs();
+        Self {
+            idx,
+            runner,
+            policy,
+            needs,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            sample_limit,
+            max_batch: max_batch.max(1),
+            shared,
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.shared.names[self.idx]
+    }
+
+    pub fn held(&self) -> usize {
+        self.waiting.len() + self.running.len()
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.held() > 0
+    }
+
+    pub fn kv_used_blocks(&self) -> usize {
+        self.runner.usage().used_blocks
+    }
+
+    fn publish(&self) {
+        let m = &self.shared.metrics;
+        let name = self.name();
+        m.running
+            .with_label_values(&[name])
+            .set(self.running.len() as f64);
+        m.waiting
+            .with_label_values(&[name])
+            .set(self.waiting.len() as f64);
+        m.kv_usage
+            .with_label_values(&[name])
+            .set(self.runner.usage().fraction());
+        self.shared.held[self.idx].store(self.held(), Ordering::SeqCst);
+        self.shared.kv_used[self.idx].store(self.runner.usage().used_blocks, Ordering::SeqCst);
+    }
+
+    pub fn accept(&mut self, msg: Inbound) {
+        match msg {
+            Inbound::Admit(mut req) => {
+                if let Some((from, _)) = req.handed_off {
+                    self.shared.in_transit.fetch_sub(1, Ordering::SeqCst);
+                    let cached = self.runner.seq_len(req.rid).unwrap_or(0);
+                    let delta = req.tokens_from(cached);
+                    let accepted = self.policy.receive(req.rid, from, &delta);
+                    if accepted < delta.len() {
+                        req.drop_last(delta.len() - accepted);
+                    }
+                }
+                req.visit_tokens = 0;
+                self.waiting.push_back(req);
+            }
+            Inbound::Free(rid) => {
+                self.runner.free(rid);
+                self.policy.forget(rid);
+            }
+        }
+        self.publish();
+    }
+
+    /// Delayed batching: hold back while fewer requests are here than the threshold for the
+    /// current concurrency, but never wait for requests that cannot arrive.
+    pub fn should_wait(&self) -> bool {
+        let active = self.shared.active.load(Ordering::SeqCst);
+        let here = self.held();
+        let want = self.shared.threshold(self.idx, active).min(active);
+        let wait = if here == 0 || here >= want {
+            false
+        } else {
+            // Someone must be able to send us more: a request in transit, or one held by a
+            // model that is not itself waiting.
+            let elsewhere = (0..self.shared.held.len()).any(|m| {
+                m != self.idx
+                    && self.shared.held[m].load(Ordering::SeqCst) > 0
+                    && !self.shared.delaying[m].load(Ordering::SeqCst)
+            });
+            elsewhere || self.shared.in_transit.load(Ordering::SeqCst) > 0
+        };
+        self.shared.delaying[self.idx].store(wait, Ordering::SeqCst);
+        wait
+    }
+
+    fn finish(&mut self, req: Box<Req>, reason: Option<FinishReason>, out: &mut Vec<Outbound>) {
+        self.runner.free(req.rid);
+        self.policy.forget(req.rid);
+        if let Some(r) = reason {
+            req.finish(r);
+        }
+        self.shared.active.fetch_sub(1, Ordering::SeqCst);
+        self.shared.metrics.active.dec();
+        out.push(Outbound::Done { rid: req.rid });
+    }
+
+    /// Drop requests whose client went away, wherever they are in this sub-server.
+    fn reap_cancelled(&mut self, out: &mut Vec<Outbound>) {
+        let (gone, keep): (Vec<_>, Vec<_>) = self.running.drain(..).partition(|r| r.is_cancelled());
+        self.running = keep;
+        let (gone_w, keep_w): (Vec<_>, Vec<_>) =
+            self.waiting.drain(..).partition(|r| r.is_cancelled());
+        self.waiting = keep_w.into();
+        for r in gone.into_iter().chain(gone_w) {
+            self.finish(r, None, out);
+        }
+    }
+
+    /// Move waiting requests into the batch while the KV cache has room for their deltas.
+    fn admit(&mut self, out: &mut Vec<Outbound>) {
+        while self.running.len() < self.max_batch {
+            let Some(req) = self.waiting.front() else {
+                break;
+            };
+            let mut wants: Vec<(u64, usize)> = self
+                .running
+                .iter()
+                .map(|r| (r.rid, self.delta_len(r)))
+                .collect();
+            wants.push((req.rid, self.delta_len(req)));
+            let needed = self.runner.blocks_needed(&wants);
+            if needed <= self.runner.free_blocks() {
+                if let Some(req) = self.waiting.pop_front() {
+                    if let Some((_, at)) = req.handed_off {
+                        self.shared
+                            .metrics
+                            .handoff_latency
+                            .with_label_values(&[self.name()])
+                            .observe(at.elapsed().as_secs_f64());
+                    }
+                    self.running.push(req);
+                }
+            } else if self.running.is_empty() {
+                // Even alone it does not fit: fail it rather than wait forever.
+                if let Some(req) = self.waiting.pop_front() {
+                    let total = self.runner.usage().total_blocks;
+                    req.fail(format!(
+                        "the request needs {needed} KV blocks but model `{}` has only {total}",
+                        self.name()
+                    ));
+                    self.finish(req, None, out);
+                }
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn delta_len(&self, req: &Req) -> usize {
+        let cached = self.runner.seq_len(req.rid).unwrap_or(0);
+        req.total_len().saturating_sub(cached).max(1)
+    }
+
+    /// Run one step over the running batch. Returns whether a step ran.
+    pub fn step(&mut self, out: &mut Vec<Outbound>) -> bool {
+        self.reap_cancelled(out);
+        self.admit(out);
+        if self.running.is_empty() {
+            self.publish();
+            return false;
+        }
+        let mut rows = Vec::with_capacity(self.running.len());
+        for r in &self.running {
+            let mut cached = self.runner.seq_len(r.rid).unwrap_or(0);
+            if cached >= r.total_len() {
+                // Everything is cached (the sender dropped the token after ours): recompute
+                // the last position to get its logits.
+                cached = r.total_len() - 1;
+                self.runner.truncate(r.rid, cached);
+            }
+            rows.push(Row::new(r.rid, r.tokens_from(cached)));
+        }
+        let opts = StepOptions {
+            want_hidden: self.needs.hidden,
+            all_logits: false,
+        };
+        let started = Instant::now();
+        let result = self.runner.step(&rows, opts);
+        let elapsed = started.elapsed().as_secs_f64();
+        let output = match result {
+            Ok(o) => o,
+            Err(e) => {
+                self.fail_batch(e, out);
+                return true;
+            }
+        };
+        let batch = rows.len();
+        let m = &self.shared.metrics;
+        m.step_latency
+            .with_label_values(&[self.name()])
+            .observe(elapsed);
+        m.batch_size
+            .with_label_values(&[self.name()])
+            .observe(batch as f64);
+        if let Ok(mut log) = self.shared.latency_log.lock() {
+            log.push((self.idx, batch, elapsed));
+        }
+        let logits = match output.logits_rows() {
+            Ok(l) => l,
+            Err(e) => {
+                self.fail_batch(e, out);
+                return true;
+            }
+        };
+        self.after_step(logits, output.hidden.as_ref(), out);
+        self.publish();
+        true
+    }
+
+    fn fail_batch(&mut self, e: RuntimeError, out: &mut Vec<Outbound>) {
+        tracing::error!(model = self.name(), error = %e, "step failed");
+        for req in std::mem::take(&mut self.running) {
+            req.fail(format!("model `{}` failed: {e}", self.name()));
+            self.finish(req, None, out);
+        }
+        self.publish();
+    }
+
+    fn after_step(
+        &mut self,
+        logits: Vec<Vec<f32>>,
+        hidden: Option<&candle_core::Tensor>,
+        out: &mut Vec<Outbound>,
+    ) {
+        let limit = self.sample_limit;
+        let sampled: Vec<_> = self
+            .running
+            .iter_mut()
+            .zip(&logits)
+            .map(|(r, l)| r.sampler.sample(l, limit, r.top_logprobs))
+            .collect();
+        let decisions: Vec<Decision> = {
+            let views: Vec<RowView<'_>> = self
+                .running
+                .iter()
+                .zip(&logits)
+                .zip(&sampled)
+                .map(|((r, l), s)| RowView {
+                    rid: r.rid,
+                    logits: &l[..limit.min(l.len())],
+                    token: s.token,
+                    prompt: &r.prompt,
+                    output: &r.output,
+                    sources: &r.sources,
+                    visit_tokens: r.visit_tokens,
+                    seed: r.seed,
+                })
+                .collect();
+            let step = StepView {
+                model: self.idx,
+                rows: &views,
+                hidden,
+            };
+            let mut d = self.policy.route(&step);
+            d.resize(views.len(), Decision::STAY);
+            d
+        };
+        let running = std::mem::take(&mut self.running);
+        let mut counts = vec![0u64; self.shared.names.len()];
+        for ((mut req, s), d) in running.into_iter().zip(sampled).zip(decisions) {
+            // A pinned request never leaves its model.
+            let to = if req.pinned.is_some() {
+                None
+            } else {
+                d.to.filter(|&t| t != self.idx && t < self.shared.names.len())
+            };
+            counts[to.unwrap_or(self.idx)] += 1;
+            let keep = match to {
+                None => true,
+                Some(t) => self.policy.send(req.rid, t) == SendMode::KeepLast,
+            };
+            if keep {
+                req.push_token(TokenEvent {
+                    id: s.token,
+                    source: self.idx,
+                    logprob: s.logprob,
+                    top_logprobs: s.top,
+                    router_score: d.score,
+                });
+                self.shared
+                    .metrics
+                    .tokens
+                    .with_label_values(&[self.name()])
+                    .inc();
+                if let Some(reason) = req.finish_reason(self.shared.context_limit) {
+                    self.finish(req, Some(reason), out);
+                    continue;
+                }
+            }
+            match to {
+                None => self.running.push(req),
+                Some(t) => {
+                    self.shared
+                        .metrics
+                        .switches
+                        .with_label_values(&[self.name(), &self.shared.names[t]])
+                        .inc();
+                    req.handed_off = Some((self.idx, Instant::now()));
+                    self.shared.in_transit.fetch_add(1, Ordering::SeqCst);
+                    out.push(Outbound::Handoff { req, to: t });
+                }
+            }
+        }
+        if let Ok(mut rc) = self.shared.route_counts.lock() {
+            for (t, c) in counts.into_iter().enumerate() {
+                rc[self.idx][t] += c;
+            }
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Engine invariants on tiny synthetic models: never-routing = SLM alone, always-routing
+//! (R2R-style) = LLM alone, random routing independent of concurrency, many concurrent
+//! requests complete, KV always freed, aborts free everything quickly.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+use tokenrouter_api::Backend;
+
+const LIMIT: usize = 265; // synthetic tokenizer: 256 bytes + 6 merges + 3 specials
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_routing_equals_slm_alone_and_always_routing_equals_llm_alone() {
+    let p = pair();
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(5 + 4 * i, i as u32)).collect();
+    for exec in ["async", "sync"] {
+        let e = start(config(&p, "slm_only", "{}", "slm_only", "", exec));
+        for pr in &prompts {
+            let (ids, src) = run(&e, greedy_request(pr.clone(), 12)).await;
+            assert_eq!(
+                ids,
+                greedy_alone(&p.small, pr, 12, LIMIT),
+                "{exec}: slm_only"
+            );
+            assert!(src.iter().all(|&s| s == 0));
+        }
+        assert_all_free(&e, Duration::from_secs(5));
+        e.shutdown();
+        let e = start(config(
+            &p,
+            "random",
+            "{p: 1.0, seed: 3}",
+            "random",
+            "",
+            exec,
+        ));
+        for pr in &prompts {
+            let (ids, src) = run(&e, greedy_request(pr.clone(), 12)).await;
+            assert_eq!(
+                ids,
+                greedy_alone(&p.large, pr, 12, LIMIT),
+                "{exec}: always routing"
+            );
+            assert!(src.iter().all(|&s| s == 1));
+        }
+        assert_all_free(&e, Duration::from_secs(5));
+        e.shutdown();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_routing_is_independent_of_concurrency_and_mode() {
+    let p = pair();
+    let reqs: Vec<_> = (0..8)
+        .map(|i| greedy_request(prompt(3 + i, i as u32), 16))
+        .collect();
+    let e = start(config(
+        &p,
+        "random",
+        "{p: 0.3, seed: 9}",
+        "random",
+        "",
+        "async",
+    ));
+    let mut one_by_one = Vec::new();
+    for r in &reqs {
+        one_by_one.push(run(&e, r.clone()).await);
+    }
+    let together = concurrently(&e, &reqs).await;
+    assert_eq!(one_by_one, together);
+    let mixed = one_by_one
+        .iter()
+        .flat_map(|(_, s)| s.iter())
+        .filter(|&&s| s == 1)
+        .count();
+    assert!(mixed > 0, "some tokens came from the large model");
+    assert_all_free(&e, Duration::from_secs(5));
+    e.shutdown();
+    let e = start(config(
+        &p,
+        "random",
+        "{p: 0.3, seed: 9}",
+        "random",
+        "",
+        "sync",
+    ));
+    assert_eq!(
+        concurrently(&e, &reqs).await,
+        one_by_one,
+        "sync mode gives the same outputs"
+    );
+    assert_all_free(&e, Duration::from_secs(5));
+}
+
+async fn concurrently(
+    e: &tokenrouter_engine::Engine,
+    reqs: &[tokenrouter_api::GenerateRequest],
+) -> Vec<(Vec<u32>, Vec<usize>)> {
+    let futs: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let e = e.clone();
+            let r = r.clone();
+            async move { run(&e, r).await }
+        })
+        .collect();
+    futures_join(futs).await
+}
+
+async fn futures_join<F: std::future::Future<Output = T> + Send + 'static, T: Send + 'static>(
+    futs: Vec<F>,
+) -> Vec<T> {
+    let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_requests_with_delayed_batching_complete() {
+    let p = pair();
+    let e = start(config(
+        &p,
+        "random",
+        "{p: 0.4, seed: 1}",
+        "random",
+        "    delayed_batching_threshold: [1, 2, 3, 4, 4, 6, 6, 8]\n",
+        "async",
+    ));
+    let futs: Vec<_> = (0..64)
+        .map(|i| {
+            let e = e.clone();
+            async move {
+                run(
+                    &e,
+                    greedy_request(prompt(1 + (i * 7) % 40, i as u32), 4 + (i % 9)),
+                )
+                .await
+            }
+        })
+        .collect();
+    let outs = futures_join(futs).await;
+    for (i, (ids, _)) in outs.iter().enumerate() {
+        assert_eq!(ids.len(), 4 + (i % 9), "request {i} wrote all its tokens");
+    }
+    assert_all_free(&e, Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_frees_kv_on_every_model() {
+    let p = pair();
+    let e = start(config(
+        &p,
+        "random",
+        "{p: 0.5, seed: 2}",
+        "random",
+        "",
+        "async",
+    ));
+    for _ in 0..3 {
+        let mut s = e.submit(greedy_request(prompt(30, 1), 400)).unwrap();
+        let mut n = 0;
+        while let Some(ev) = s.events.recv().await {
+            if matches!(ev, tokenrouter_api::GenerateEvent::Token(_)) {
+                n += 1;
+                if n == 10 {
+                    break;
+                }
+            }
+        }
+        drop(s);
+        assert_all_free(&e, Duration::from_secs(2));
+    }
+}
