@@ -116,7 +116,9 @@ pub struct GenerateStream {
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum SubmitError {
     /// 429: the bounded queue is full.
-    #[error("the server is overloaded: {queued} requests are queued (max_queued_requests = {limit})")]
+    #[error(
+        "the server is overloaded: {queued} requests are queued (max_queued_requests = {limit})"
+    )]
     QueueFull { queued: usize, limit: usize },
     /// 400: prompt + max_tokens do not fit.
     #[error("this model's maximum context length is {context_length} tokens, but {prompt_tokens} prompt tokens + {max_tokens} max_tokens were requested")]

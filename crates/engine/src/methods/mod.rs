@@ -1,0 +1,24 @@
+//! The routing methods shipped with tokenrouter, registered by name. Each method has a
+//! role per model: `<method>_slm` for the entry (small) model, `<method>_llm` for the
+//! others; the bare `<method>` picks the role from the model's position.
+
+pub mod basic;
+
+use crate::policy::Registry;
+
+pub fn register_all(r: &mut Registry) {
+    basic::register(r);
+}
+
+/// Deterministic uniform number in [0, 1) from a few integers (splitmix64), so routing
+/// decisions depend on the request and position, never on batch composition.
+pub fn unit_hash(a: u64, b: u64, c: u64) -> f64 {
+    let mut z = a
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(b.rotate_left(21))
+        .wrapping_add(c.wrapping_mul(0xD1B5_4A32_D192_ED03));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
