@@ -141,6 +141,10 @@ pub fn paged_attention(
     q.par_chunks_mut(nh * hd).enumerate().for_each(|(t, qt)| {
         for head in qt.chunks_mut(hd) {
             rope.apply(head, tok_pos[t]);
+            // llama.cpp multiplies q with the f16 cache in f16 as well.
+            for x in head.iter_mut() {
+                *x = half::f16::from_f32(*x).to_f32();
+            }
         }
     });
     k.par_chunks_mut(nkv * hd).enumerate().for_each(|(t, kt)| {
@@ -149,12 +153,24 @@ pub fn paged_attention(
         }
     });
     let row_len = nkv * hd;
+    // Values are rounded to f16 precision as they enter the cache, like llama.cpp's default
+    // f16 KV cache: greedy outputs then track llama.cpp's closely on near-ties.
+    let round = |x: &f32| half::f16::from_f32(*x).to_f32();
     for t in 0..total {
         let slot = tables[tok_row[t]].slot(tok_pos[t], block_size);
-        cache.k[slot * row_len..(slot + 1) * row_len]
-            .copy_from_slice(&k[t * row_len..(t + 1) * row_len]);
-        cache.v[slot * row_len..(slot + 1) * row_len]
-            .copy_from_slice(&v[t * row_len..(t + 1) * row_len]);
+        let (dst, src) = (slot * row_len, t * row_len);
+        for (d, s) in cache.k[dst..dst + row_len]
+            .iter_mut()
+            .zip(&k[src..src + row_len])
+        {
+            *d = round(s);
+        }
+        for (d, s) in cache.v[dst..dst + row_len]
+            .iter_mut()
+            .zip(&v[src..src + row_len])
+        {
+            *d = round(s);
+        }
     }
     let group = nh / nkv;
     let scale = 1.0 / (hd as f32).sqrt();
