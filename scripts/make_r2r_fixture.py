@@ -9,6 +9,10 @@ torch.dtype), common_args {threshold, input_type}, model_specific_args, state_di
 as R2R's `save_model` does, without `token_embeddings.weight` (the small model's input
 embedding is used instead).
 
+It also writes a tiny CITER confidence network (src/models/conf_model.py layout: Linear,
+BatchNorm1d, ReLU, Dropout, Linear, Dropout, then `linear`) as a bare `state_dict()` .pt with
+PyTorch's eval-mode scores, to check the BatchNorm folding and the bare-state-dict path.
+
 Usage: python3 scripts/make_r2r_fixture.py [OUT_DIR]   (needs torch; CPU is enough)
 Default OUT_DIR: crates/engine/tests/fixtures
 """
@@ -71,6 +75,48 @@ class HiddenStatesTokenLMHeadLogitsClassifier(nn.Module):
         z = self.logits_projection(logits)
         x = self.combined_projection(torch.cat([hidden_states, e, z], dim=-1))
         return self.backbone(x)
+
+
+class CiterConfidence(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden, 2 * hidden),
+            nn.BatchNorm1d(2 * hidden),
+            nn.ReLU(),
+            nn.Dropout(0.1),
+            nn.Linear(2 * hidden, hidden),
+            nn.Dropout(0.1),
+        )
+        self.linear = nn.Linear(hidden, 1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.linear(self.mlp(x))).squeeze(-1)
+
+
+def write_citer_fixture(out_dir, hidden=8, rows=5):
+    model = CiterConfidence(hidden)
+    bn = model.mlp[1]
+    with torch.no_grad():
+        bn.weight.copy_(torch.randn(2 * hidden))
+        bn.bias.copy_(torch.randn(2 * hidden))
+        bn.running_mean.copy_(torch.randn(2 * hidden))
+        bn.running_var.copy_(torch.rand(2 * hidden) + 0.5)
+        bn.num_batches_tracked.fill_(100)
+    model.eval()
+    x = 2.0 * torch.randn(rows, hidden)
+    with torch.no_grad():
+        scores = model(x)
+    torch.save(model.state_dict(), os.path.join(out_dir, "citer_tiny.pt"))
+    reference = {
+        "about": "inputs and PyTorch eval-mode scores for citer_tiny.pt (scripts/make_r2r_fixture.py)",
+        "hidden": hidden,
+        "rows": x.tolist(),
+        "scores": scores.tolist(),
+    }
+    with open(os.path.join(out_dir, "citer_tiny.json"), "w") as f:
+        json.dump(reference, f)
+    print(f"citer scores {[round(p, 4) for p in scores.tolist()]}")
 
 
 def main():
@@ -138,6 +184,7 @@ def main():
     with open(os.path.join(out_dir, "r2r_router_tiny.json"), "w") as f:
         json.dump(reference, f)
     print(f"threshold {threshold:.6f}, probabilities {[round(p, 4) for p in probs.tolist()]}")
+    write_citer_fixture(out_dir)
 
 
 if __name__ == "__main__":

@@ -336,3 +336,43 @@ fn all_method_names_are_registered() {
         }
     }
 }
+
+/// `tests/fixtures/citer_tiny.pt`: a bare PyTorch `state_dict()` (with BatchNorm's integer
+/// `num_batches_tracked`) and PyTorch's eval-mode scores.
+#[test]
+fn citer_pt_matches_pytorch() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let text = std::fs::read_to_string(fixtures.join("citer_tiny.json")).expect("fixture");
+    let j: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let width = j["hidden"].as_u64().expect("hidden") as usize;
+    let num = |v: &serde_json::Value| v.as_f64().expect("number");
+    let hidden: Vec<f32> = j["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .flat_map(|r| r.as_array().expect("row").iter().map(|x| num(x) as f32))
+        .collect();
+    let want: Vec<f64> = j["scores"]
+        .as_array()
+        .expect("scores")
+        .iter()
+        .map(num)
+        .collect();
+    let mut sorted = want.clone();
+    sorted.sort_by(f64::total_cmp);
+    let tau = (sorted[1] + sorted[2]) / 2.0;
+    let k: serde_yaml::Value =
+        serde_yaml::from_str(&format!("{{model_path: citer_tiny.pt, threshold: {tau}}}"))
+            .expect("yaml");
+    let cfg = fixtures.join("router_test.yaml");
+    let mut p = Registry::default()
+        .build("citer", &k, &ctx(0, &cfg, width))
+        .expect("build from .pt");
+    let d = route(p.as_mut(), &hidden, width);
+    let mut max = 0.0f64;
+    for (d, &w) in d.iter().zip(&want) {
+        max = max.max((f64::from(d.score.expect("score")) - w).abs());
+        assert_eq!(d.to, (w < tau).then_some(1));
+    }
+    assert!(max <= 1e-5, "max abs diff {max} vs PyTorch");
+}

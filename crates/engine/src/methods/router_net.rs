@@ -89,6 +89,12 @@ impl Weights {
                     format!("{shown}: not a readable PyTorch checkpoint: {e}"),
                 )
             })?;
+            // A bare state dict (CITER, Co-LLM exports) carries no configuration.
+            let meta = if has_state_dict {
+                meta
+            } else {
+                serde_json::Value::Null
+            };
             let wanted = if has_state_dict {
                 Some("state_dict")
             } else {
