@@ -3,11 +3,23 @@
 //! others; the bare `<method>` picks the role from the model's position.
 
 pub mod basic;
+pub mod citer;
+pub mod collm;
+pub mod glimprouter;
+pub mod me;
+pub mod r2r;
+pub mod router_net;
+pub mod torch_file;
 
 use crate::policy::Registry;
 
 pub fn register_all(r: &mut Registry) {
     basic::register(r);
+    r2r::register(r);
+    citer::register(r);
+    collm::register(r);
+    glimprouter::register(r);
+    me::register(r);
 }
 
 /// Deterministic uniform number in [0, 1) from a few integers (splitmix64), so routing
