@@ -1,0 +1,224 @@
+//! The `tokenrouter` binary: `serve` (OpenAI-compatible server over the routing engine),
+//! `generate` (quick raw completions), `fetch` (default models), `bench` (load generator),
+//! `bench-model` (runtime speed), `plan-batching` (delayed-batching planner).
+
+mod model_bench;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+use tokenrouter_engine::{Engine, EngineConfig};
+use tokenrouter_runtime::{load_model, KvBudget, LoadOptions, Row, Sampler, SamplingConfig, StepOptions};
+
+/// The configuration `serve` uses when none is given.
+const DEFAULT_CONFIG: &str = include_str!("../../../config/rstitch/qwen2.5-coder-0.5b_1.5b_cpu.yaml");
+
+#[derive(Parser)]
+#[command(name = "tokenrouter", version, about = "Token-level routing between LLMs that share a tokenizer")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the OpenAI-compatible API (default: the Qwen2.5-Coder 0.5B/1.5B pair on CPU).
+    Serve(ServeArgs),
+    /// Print a raw continuation of a prompt (no chat template) with one model.
+    Generate(GenerateArgs),
+    /// Download the default models into the cache (no-op when present).
+    Fetch {
+        /// Cache directory (default: $TOKENROUTER_CACHE or ~/.cache/tokenrouter).
+        #[arg(long, env = "TOKENROUTER_CACHE")]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Load generator for any OpenAI-compatible server.
+    Bench(tokenrouter_bench::BenchArgs),
+    /// Measure one model's prefill and decode speed with the runtime alone.
+    BenchModel(model_bench::ModelBenchArgs),
+    /// Delayed-batching planner (exact Markov model).
+    PlanBatching(tokenrouter_planner::PlanArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// YAML config (TokenRouter shape); default: the built-in CPU pair.
+    #[arg(long, env = "TOKENROUTER_CONFIG")]
+    config: Option<PathBuf>,
+    #[arg(long, env = "TOKENROUTER_HOST", default_value = "0.0.0.0")]
+    host: String,
+    #[arg(long, env = "TOKENROUTER_PORT", default_value_t = 30000)]
+    port: u16,
+    /// Require `Authorization: Bearer <key>` on /v1/*.
+    #[arg(long, env = "TOKENROUTER_API_KEY")]
+    api_key: Option<String>,
+    /// Seconds in-flight requests get to finish after SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace: u64,
+}
+
+#[derive(clap::Args)]
+struct GenerateArgs {
+    /// A GGUF file, a Hugging Face directory, a model id in the HF cache, or a default name.
+    #[arg(long)]
+    model: String,
+    #[arg(long)]
+    prompt: String,
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn main() -> Result<()> {
+    init_tracing();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(a) => serve(a),
+        Command::Generate(a) => generate(a),
+        Command::Fetch { cache_dir } => {
+            let dir = cache_dir.unwrap_or_else(tokenrouter_fetch::default_cache_dir);
+            for p in tokenrouter_fetch::fetch_default_models(&dir, true)? {
+                println!("{}", p.display());
+            }
+            Ok(())
+        }
+        Command::Bench(a) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(tokenrouter_bench::run(a))?;
+            Ok(())
+        }
+        Command::BenchModel(a) => model_bench::run(a),
+        Command::PlanBatching(a) => {
+            print!("{}", tokenrouter_planner::run(&a)?);
+            Ok(())
+        }
+    }
+}
+
+fn load_config(path: Option<&PathBuf>) -> Result<EngineConfig> {
+    Ok(match path {
+        Some(p) => EngineConfig::from_file(p)?,
+        None => EngineConfig::from_yaml(DEFAULT_CONFIG, std::path::Path::new("<built-in default config>"))?,
+    })
+}
+
+fn serve(a: ServeArgs) -> Result<()> {
+    let cfg = load_config(a.config.as_ref())?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        // Models load in the background: /health answers 503 until they are ready.
+        let engine = Engine::start(cfg)?;
+        tracing::info!("listening on http://{addr} (loading models; /health is 503 until ready)");
+        let watcher = engine.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                if let Some(e) = watcher.load_error() {
+                    tracing::error!("cannot start: {e}");
+                    std::process::exit(1);
+                }
+                if tokenrouter_api::Backend::is_ready(&watcher) {
+                    tracing::info!("ready: try  curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"Write a haiku about Rust\"}}]}}'");
+                    return;
+                }
+            }
+        });
+        let server_cfg = tokenrouter_server::ServerConfig {
+            api_key: a.api_key,
+            shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
+            ..Default::default()
+        };
+        let backend: Arc<dyn tokenrouter_api::Backend> = Arc::new(engine.clone());
+        tokenrouter_server::serve(listener, backend, server_cfg, shutdown_signal()).await?;
+        engine.shutdown();
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn generate(a: GenerateArgs) -> Result<()> {
+    let loc = tokenrouter_fetch::resolve_model(&a.model)?;
+    let t0 = Instant::now();
+    let mut m = load_model(loc.path(), &LoadOptions { kv: KvBudget::Tokens(a.max_tokens + 4096), ..Default::default() })?;
+    eprintln!("loaded {} in {:.2}s", loc.path().display(), t0.elapsed().as_secs_f64());
+    let prompt = m.text.encode(&a.prompt)?;
+    let limit = m.text.real_vocab_len();
+    let cfg = SamplingConfig { temperature: a.temperature, ..Default::default() };
+    let mut sampler = Sampler::new(cfg, a.seed, &prompt);
+    let mut next = prompt.clone();
+    let mut out: Vec<u32> = Vec::new();
+    let mut printed = 0usize;
+    let mut stdout = std::io::stdout();
+    let t1 = Instant::now();
+    let mut first = None;
+    while out.len() < a.max_tokens {
+        let logits = m.runner.step(&[Row::new(1, next)], StepOptions::default())?.logits_rows()?;
+        first.get_or_insert_with(|| t1.elapsed());
+        let tok = sampler.sample(&logits[0], limit, 0).token;
+        if m.text.eos_ids().contains(&tok) {
+            break;
+        }
+        out.push(tok);
+        sampler.observe(tok);
+        // Print only complete UTF-8 text.
+        let text = m.text.decode(&out, true)?;
+        if !text.ends_with('\u{FFFD}') && text.len() > printed {
+            write!(stdout, "{}", &text[printed..])?;
+            stdout.flush()?;
+            printed = text.len();
+        }
+        next = vec![tok];
+    }
+    writeln!(stdout)?;
+    let total = t1.elapsed().as_secs_f64();
+    let prefill = first.map(|d| d.as_secs_f64()).unwrap_or(total);
+    let decode_n = out.len().saturating_sub(1).max(1);
+    eprintln!(
+        "prompt {} tokens: prefill {:.1} tok/s; {} tokens: decode {:.1} tok/s",
+        prompt.len(),
+        prompt.len() as f64 / prefill,
+        out.len(),
+        decode_n as f64 / (total - prefill).max(1e-9)
+    );
+    Ok(())
+}

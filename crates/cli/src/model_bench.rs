@@ -1,0 +1,99 @@
+//! `tokenrouter bench-model`: the runtime's own speed on one model, printed as a table —
+//! prefill tok/s for a long prompt, single-stream greedy decode tok/s, and batched decode
+//! throughput (B sequences stepping together), so it can be set next to llama.cpp's
+//! numbers from `scripts/bench_llamacpp.py` in the same run (`scripts/bench_cpu.sh`).
+
+use anyhow::Result;
+use std::time::Instant;
+use tokenrouter_runtime::{load_model, KvBudget, LoadOptions, Row, StepOptions};
+
+#[derive(clap::Args)]
+pub struct ModelBenchArgs {
+    /// A GGUF file, a Hugging Face directory, a model id in the HF cache, or a default name.
+    #[arg(long)]
+    model: String,
+    /// Prompt length for the decode runs.
+    #[arg(long, default_value_t = 64)]
+    prompt_tokens: usize,
+    /// Greedy decode steps.
+    #[arg(long, default_value_t = 128)]
+    decode_tokens: usize,
+    /// Prompt length for the prefill measurement.
+    #[arg(long, default_value_t = 512)]
+    prefill_tokens: usize,
+    /// Batch size for the batched decode throughput.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Repeats (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn tokens(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| 1000 + (i * 7919 + salt * 104_729) % 30_000).collect()
+}
+
+pub fn run(a: ModelBenchArgs) -> Result<()> {
+    let loc = tokenrouter_fetch::resolve_model(&a.model)?;
+    let kv = a.batch * (a.prompt_tokens + a.decode_tokens) + a.prefill_tokens + 64;
+    let mut m = load_model(loc.path(), &LoadOptions { kv: KvBudget::Tokens(kv), ..Default::default() })?;
+    let opts = StepOptions::default();
+    let (mut prefill, mut decode1, mut decode_b) = (Vec::new(), Vec::new(), Vec::new());
+    let mut seq = 0u64;
+    for rep in 0..a.repeats.max(1) {
+        seq += 1;
+        let t = Instant::now();
+        m.runner.step(&[Row::new(seq, tokens(a.prefill_tokens, rep as u32))], opts)?;
+        prefill.push(a.prefill_tokens as f64 / t.elapsed().as_secs_f64());
+        m.runner.free(seq);
+        // Single stream: prompt, then greedy steps (argmax, fed back).
+        seq += 1;
+        let mut l = m.runner.step(&[Row::new(seq, tokens(a.prompt_tokens, rep as u32))], opts)?.logits_rows()?;
+        let t = Instant::now();
+        for _ in 0..a.decode_tokens {
+            let next = argmax(&l[0]);
+            l = m.runner.step(&[Row::new(seq, vec![next])], opts)?.logits_rows()?;
+        }
+        decode1.push(a.decode_tokens as f64 / t.elapsed().as_secs_f64());
+        m.runner.free(seq);
+        // Batched: B sequences decode together.
+        let ids: Vec<u64> = (0..a.batch as u64).map(|i| 10_000 + seq * 100 + i).collect();
+        let rows: Vec<Row> = ids.iter().enumerate().map(|(i, &s)| Row::new(s, tokens(a.prompt_tokens, i as u32 + 7))).collect();
+        let mut l = m.runner.step(&rows, opts)?.logits_rows()?;
+        let t = Instant::now();
+        for _ in 0..a.decode_tokens {
+            let rows: Vec<Row> = ids.iter().zip(&l).map(|(&s, row)| Row::new(s, vec![argmax(row)])).collect();
+            l = m.runner.step(&rows, opts)?.logits_rows()?;
+        }
+        decode_b.push((a.batch * a.decode_tokens) as f64 / t.elapsed().as_secs_f64());
+        for s in ids {
+            m.runner.free(s);
+        }
+    }
+    let (p, d1, db) = (median(prefill), median(decode1), median(decode_b));
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"engine": "tokenrouter", "model": loc.path().display().to_string(), "prefill_tokens": a.prefill_tokens, "prefill_tok_s": p, "decode_tokens": a.decode_tokens, "decode_tok_s": d1, "batch": a.batch, "batch_decode_tok_s": db})
+        );
+    } else {
+        println!("model: {}", loc.path().display());
+        println!("| measurement | tok/s |\n|---|---|");
+        println!("| prefill ({} tokens) | {p:.1} |", a.prefill_tokens);
+        println!("| decode, batch 1 ({} after {} prompt tokens) | {d1:.1} |", a.decode_tokens, a.prompt_tokens);
+        println!("| decode, batch {} (total) | {db:.1} ({:.2}x batch 1) |", a.batch, db / d1);
+    }
+    Ok(())
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter().enumerate().fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32
+}
