@@ -27,6 +27,7 @@ mod shutdown;
 mod state;
 mod stop;
 mod streaming;
+mod web;
 
 use std::sync::Arc;
 

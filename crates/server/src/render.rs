@@ -80,7 +80,8 @@ impl ResponseContext {
         self.backend.decode(&[id], false).unwrap_or_default()
     }
 
-    fn extension(&self, tokens: &[OutToken]) -> ChoiceExtension {
+    /// `text`: the visible text that `tokens` produced (a delta's or a whole choice's).
+    fn extension(&self, tokens: &[OutToken], text: &str) -> ChoiceExtension {
         if !self.return_token_sources {
             return ChoiceExtension::default();
         }
@@ -89,8 +90,10 @@ impl ResponseContext {
             token_details: Some(
                 tokens
                     .iter()
-                    .map(|t| TokenDetail {
+                    .zip(token_texts(tokens, text))
+                    .map(|(t, text)| TokenDetail {
                         source: self.source(t.source),
+                        text,
                         logprob: t.logprob,
                         router_score: t.router_score,
                     })
@@ -165,7 +168,7 @@ impl ResponseContext {
                     .map(|(index, out)| ChatChoice {
                         index,
                         logprobs: self.chat_logprobs(&out.tokens),
-                        ext: self.extension(&out.tokens),
+                        ext: self.extension(&out.tokens, &out.text),
                         message: AssistantMessage {
                             role: "assistant",
                             content: out.text,
@@ -188,7 +191,7 @@ impl ResponseContext {
                     .map(|(index, out)| CompletionChoice {
                         index,
                         logprobs: self.legacy_logprobs(&out.tokens),
-                        ext: self.extension(&out.tokens),
+                        ext: self.extension(&out.tokens, &out.text),
                         text: out.text,
                         finish_reason: out.finish_reason,
                     })
@@ -228,7 +231,7 @@ impl ResponseContext {
                         },
                         logprobs: self.chat_logprobs(&delta.tokens),
                         finish_reason: finish,
-                        ext: self.extension(&delta.tokens),
+                        ext: self.extension(&delta.tokens, &delta.text),
                     }],
                     usage,
                     tokenrouter: provenance,
@@ -244,7 +247,7 @@ impl ResponseContext {
                     text: delta.text.clone(),
                     logprobs: self.legacy_logprobs(&delta.tokens),
                     finish_reason: finish,
-                    ext: self.extension(&delta.tokens),
+                    ext: self.extension(&delta.tokens, &delta.text),
                 }],
                 usage,
                 tokenrouter: provenance,
@@ -276,5 +279,65 @@ impl ResponseContext {
             }),
         };
         result.unwrap_or_default()
+    }
+}
+
+/// Splits `text` (the visible text produced by `tokens`, starting at the first token's
+/// `text_offset`) into one piece per token, using the character offsets recorded by the
+/// decoder. Offsets past the end of `text` (tokens of a cut-off stop string) give empty
+/// pieces, so the pieces always concatenate to `text`.
+fn token_texts(tokens: &[OutToken], text: &str) -> Vec<String> {
+    let bounds: Vec<usize> = text
+        .char_indices()
+        .map(|(b, _)| b)
+        .chain(std::iter::once(text.len()))
+        .collect();
+    let chars = bounds.len() - 1;
+    let base = tokens.first().map_or(0, |t| t.text_offset);
+    let at = |offset: usize| bounds[offset.saturating_sub(base).min(chars)];
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            let start = at(t.text_offset);
+            let end = tokens.get(k + 1).map_or(text.len(), |next| at(next.text_offset));
+            text.get(start..end.max(start)).unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(offsets: &[usize]) -> Vec<OutToken> {
+        offsets
+            .iter()
+            .map(|&text_offset| OutToken {
+                id: 0,
+                source: 0,
+                logprob: 0.0,
+                top_logprobs: vec![],
+                router_score: None,
+                text_offset,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn token_texts_split_a_delta_by_char_offsets() {
+        // A delta starting at char 5: "é" from two byte tokens (the first yields nothing),
+        // then " ab" and "c".
+        let pieces = token_texts(&toks(&[5, 5, 6, 9]), "é abc");
+        assert_eq!(pieces, vec!["", "é", " ab", "c"]);
+        assert_eq!(pieces.concat(), "é abc");
+    }
+
+    #[test]
+    fn token_texts_of_a_cut_stop_string_are_empty() {
+        // "ab" shown, then a stop string "XY" whose tokens start at char 2 (cut off).
+        let pieces = token_texts(&toks(&[0, 1, 2, 3]), "ab");
+        assert_eq!(pieces, vec!["a", "b", "", ""]);
+        assert!(token_texts(&[], "").is_empty());
     }
 }

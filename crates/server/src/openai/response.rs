@@ -35,6 +35,10 @@ pub struct Provenance {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TokenDetail {
     pub source: String,
+    /// The part of the choice's visible text that this token produced (may be empty: the
+    /// first bytes of a multi-byte character, or tokens of a stop string). Concatenated in
+    /// order, the `text` of a choice's tokens is exactly its content.
+    pub text: String,
     pub logprob: f32,
     pub router_score: Option<f32>,
 }

@@ -26,6 +26,7 @@ pub fn build(state: AppState) -> Router {
         .route("/version", get(misc::version))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .merge(crate::web::routes())
         .fallback(misc::not_found)
         .layer(from_fn_with_state(state.clone(), require_api_key))
         .layer(from_fn_with_state(state.clone(), count_http))
