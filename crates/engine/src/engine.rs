@@ -60,6 +60,7 @@ struct Inner {
     shared: OnceLock<Arc<Shared>>,
     to_exchange: Mutex<Option<mpsc::Sender<ToExchange>>>,
     next_rid: AtomicU64,
+    tuner_stop: Arc<AtomicBool>,
 }
 
 /// The running engine; cheap to clone.
@@ -323,6 +324,7 @@ impl Engine {
             shared: OnceLock::new(),
             to_exchange: Mutex::new(None),
             next_rid: AtomicU64::new(1),
+            tuner_stop: Arc::new(AtomicBool::new(false)),
         });
         let engine = Engine { inner };
         let e2 = engine.clone();
@@ -419,6 +421,20 @@ impl Engine {
                 )?;
             }
         }
+        let any_auto = self.inner.config.models()?.iter().any(|m| {
+            matches!(
+                m.section.delayed_batching_threshold,
+                crate::config::Threshold::Auto(_)
+            )
+        });
+        if any_auto && self.inner.config.system.execution == Execution::Async {
+            let shared = loaded.shared.clone();
+            let stop = self.inner.tuner_stop.clone();
+            std::thread::Builder::new()
+                .name("tokenrouter-tuner".into())
+                .spawn(move || crate::tuner::run_tuner(shared, stop, Duration::from_millis(1000)))
+                .map_err(|e| EngineError::Start(e.to_string()))?;
+        }
         let _ = self.inner.text.set(loaded.text);
         let _ = self.inner.infos.set(loaded.infos);
         let _ = self.inner.shared.set(loaded.shared);
@@ -433,6 +449,7 @@ impl Engine {
     /// Stop the loops (in-flight requests are dropped; their clients see the stream end).
     pub fn shutdown(&self) {
         self.inner.ready.store(false, Ordering::SeqCst);
+        self.inner.tuner_stop.store(true, Ordering::SeqCst);
         if let Ok(mut slot) = self.inner.to_exchange.lock() {
             if let Some(tx) = slot.take() {
                 let _ = tx.send(ToExchange::Shutdown);

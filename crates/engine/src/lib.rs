@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod policy;
 pub mod request;
 pub mod subserver;
+pub mod tuner;
 
 pub use config::{EngineConfig, Execution, Threshold};
 pub use engine::{Engine, EngineError, GenerateParams, Generation};

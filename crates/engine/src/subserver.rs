@@ -36,6 +36,10 @@ pub struct Shared {
     pub latency_log: Mutex<Vec<(ModelIndex, usize, f64)>>,
     /// Routing observations: counts[from][to] of step outcomes (to == from means stayed).
     pub route_counts: Mutex<Vec<Vec<u64>>>,
+    /// Output tokens credited per outcome: credits[from][to] (a dropped token credits 0).
+    pub credit_counts: Mutex<Vec<Vec<u64>>>,
+    /// Thresholds chosen by the online tuner for models configured `auto`.
+    pub tuned: Vec<AtomicUsize>,
 }
 
 impl Shared {
@@ -58,14 +62,19 @@ impl Shared {
             metrics,
             latency_log: Mutex::new(Vec::new()),
             route_counts: Mutex::new(vec![vec![0; n]; n]),
+            credit_counts: Mutex::new(vec![vec![0; n]; n]),
+            tuned: (0..n).map(|_| AtomicUsize::new(1)).collect(),
         }
     }
 
     pub fn threshold(&self, model: ModelIndex, active: usize) -> usize {
-        self.thresholds[model]
-            .lock()
-            .map(|t| t.at(active))
-            .unwrap_or(1)
+        match self.thresholds[model].lock() {
+            Ok(t) if matches!(*t, Threshold::Auto(_)) => {
+                self.tuned[model].load(Ordering::SeqCst).max(1)
+            }
+            Ok(t) => t.at(active),
+            Err(_) => 1,
+        }
     }
 }
 
@@ -375,6 +384,7 @@ impl SubServer {
         };
         let running = std::mem::take(&mut self.running);
         let mut counts = vec![0u64; self.shared.names.len()];
+        let mut credits = vec![0u64; self.shared.names.len()];
         for ((mut req, s), d) in running.into_iter().zip(sampled).zip(decisions) {
             // A pinned request never leaves its model.
             let to = if req.pinned.is_some() {
@@ -387,6 +397,7 @@ impl SubServer {
                 None => true,
                 Some(t) => self.policy.send(req.rid, t) == SendMode::KeepLast,
             };
+            credits[to.unwrap_or(self.idx)] += u64::from(keep);
             if keep {
                 req.push_token(TokenEvent {
                     id: s.token,
@@ -422,6 +433,11 @@ impl SubServer {
         if let Ok(mut rc) = self.shared.route_counts.lock() {
             for (t, c) in counts.into_iter().enumerate() {
                 rc[self.idx][t] += c;
+            }
+        }
+        if let Ok(mut cc) = self.shared.credit_counts.lock() {
+            for (t, c) in credits.into_iter().enumerate() {
+                cc[self.idx][t] += c;
             }
         }
     }

@@ -175,3 +175,38 @@ async fn abort_frees_kv_on_every_model() {
         assert_all_free(&e, Duration::from_secs(2));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_thresholds_are_planned_online_and_exported() {
+    let p = pair();
+    let e = start(config(
+        &p,
+        "random",
+        "{p: 0.35, seed: 4}",
+        "random",
+        "    delayed_batching_threshold: auto\n",
+        "async",
+    ));
+    let reqs: Vec<_> = (0..8)
+        .map(|i| greedy_request(prompt(4 + i, i as u32), 450))
+        .collect();
+    // Keep 8 requests in flight until the tuner (period 1 s) has planned, at most ~20 s.
+    let planned = |m: &str| {
+        m.contains("tokenrouter:planner_predicted_tokens_per_second")
+            && !m.contains("tokenrouter:planner_predicted_tokens_per_second 0\n")
+    };
+    for _ in 0..20 {
+        let outs = concurrently(&e, &reqs).await;
+        assert!(outs.iter().all(|(ids, _)| ids.len() == 450));
+        if planned(&e.metrics_text()) {
+            break;
+        }
+    }
+    let metrics = e.metrics_text();
+    assert!(
+        planned(&metrics),
+        "the tuner planned at least once:\n{metrics}"
+    );
+    assert!(metrics.contains("tokenrouter:delayed_batching_threshold{model=\"reference\"}"));
+    assert_all_free(&e, Duration::from_secs(5));
+}
