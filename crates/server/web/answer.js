@@ -5,8 +5,9 @@
 // The DOM doubles as the test surface: each token span carries `data-source` (model
 // name), `data-i` (position), `data-logprob` and, when present, `data-router-score`; the
 // card carries `data-state`, `data-request` (the JSON body sent) and, once finished,
-// `data-sources` (all sources in order) and `data-server-provenance` (the server's own
-// `tokenrouter` counts from the final chunk).
+// `data-sources` (all sources in order), `data-chunks` (streamed chunks that carried
+// tokens) and `data-server-provenance` (the server's own `tokenrouter` counts from the
+// final chunk).
 
 /** Counters over one answer's tokens, independent of the DOM. */
 export class TokenStats {
@@ -19,7 +20,6 @@ export class TokenStats {
     this.tSend = null;
     this.tFirst = null;
     this.tLast = null;
-    this.firstChunkTokens = 0;
     this.tEnd = null;
   }
 
@@ -30,10 +30,7 @@ export class TokenStats {
   /** Records the tokens of one chunk that arrived at time `t` (ms). */
   add(sources, t) {
     if (!sources.length) return;
-    if (this.tFirst === null) {
-      this.tFirst = t;
-      this.firstChunkTokens = sources.length;
-    }
+    if (this.tFirst === null) this.tFirst = t;
     this.tLast = t;
     for (const s of sources) {
       this.byModel.set(s, (this.byModel.get(s) || 0) + 1);
@@ -58,10 +55,13 @@ export class TokenStats {
     return this.tFirst === null || this.tSend === null ? undefined : (this.tFirst - this.tSend) / 1000;
   }
 
-  /** Decode speed after the first chunk, tokens per second. */
+  /**
+   * Tokens per second from sending to the latest token (the request's own throughput, as
+   * the paper measures it; robust to chunks that the browser delivers together).
+   */
   get tokensPerSecond() {
-    if (this.tFirst === null || this.tLast === null || this.tLast <= this.tFirst) return undefined;
-    return (this.total - this.firstChunkTokens) / ((this.tLast - this.tFirst) / 1000);
+    if (this.tSend === null || this.tLast === null || this.tLast <= this.tSend) return undefined;
+    return this.total / ((this.tLast - this.tSend) / 1000);
   }
 
   /** Time from sending to the end (or to now while streaming), seconds. */
@@ -97,6 +97,7 @@ export class AnswerCard {
     this.stats = new TokenStats(models);
     this.sources = [];
     this.text = "";
+    this.chunks = 0;
     this.root = el("article", { class: `card ${kind}`, dataset: { model, kind, state: "waiting" } });
     this.stateEl = el("span", { class: "card-state" }, "waiting");
     this.root.append(
@@ -125,7 +126,7 @@ export class AnswerCard {
     });
     stat("llm-share", "LLM share", `share of tokens not written by ${models[0] ?? "the entry model"}`);
     stat("switches", "switches", "changes of model between consecutive tokens");
-    stat("tps", "tokens/s", "decode speed after the first token");
+    stat("tps", "tokens/s", "tokens per second from sending to the last token");
     stat("ttft", "TTFT", "time to first token");
     stat("time", "time", "time from sending to the last token");
     this.note = el("p", { class: "card-note" });
@@ -157,6 +158,7 @@ export class AnswerCard {
       if (content) this.appendSpan(content, null, {});
       return;
     }
+    this.chunks += 1;
     const hasText = details.every((d) => typeof d.text === "string");
     details.forEach((d, k) => {
       const text = hasText ? d.text : k === details.length - 1 ? content || "" : "";
@@ -209,6 +211,7 @@ export class AnswerCard {
     this.stats.ended(t);
     this.render(t);
     this.root.dataset.sources = JSON.stringify(this.sources);
+    this.root.dataset.chunks = String(this.chunks);
     if (provenance) this.root.dataset.serverProvenance = JSON.stringify(provenance);
     const notes = [];
     if (reason) notes.push(`finish: ${reason}`);

@@ -18,7 +18,7 @@ function row(label, value, key) {
   return [dt, dd];
 }
 
-/** Wires hover (and keyboard focus) on `.tok` spans under `root` to the tooltip `tip`. */
+/** Wires hover on `.tok` spans under `root` to the tooltip `tip`. */
 export function installTooltip(root, tip, modelClass) {
   let current = null;
 
@@ -70,9 +70,5 @@ export function installTooltip(root, tip, modelClass) {
     else if (!span && current) hide();
   });
   root.addEventListener("mouseleave", hide);
-  root.addEventListener("focusin", (e) => {
-    if (e.target.classList && e.target.classList.contains("tok")) show(e.target);
-  });
-  root.addEventListener("focusout", hide);
   window.addEventListener("scroll", hide, { passive: true });
 }
