@@ -1,0 +1,229 @@
+//! End to end on a tiny synthetic model pair (random weights, written to a temp dir, so no
+//! download): the real engine + the real HTTP server, driven by the official `openai`
+//! Python client (`openai_e2e.py` here, and the server crate's `openai_client.py`), and
+//! the `tokenrouter` binary itself answering SIGTERM with a clean exit.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokenrouter_engine::{Engine, EngineConfig};
+use tokenrouter_runtime::synth::{write_hf_dir, SynthSpec};
+use tokenrouter_runtime::Arch;
+use tokenrouter_server::ServerConfig;
+
+/// Writes the pair (same tokenizer, different architectures and weights) and a config
+/// routing between them at random with p = 0.5. Returns the config path.
+fn tiny_setup(dir: &Path, system_extra: &str) -> PathBuf {
+    // Untied embeddings: with tied ones a random model mostly repeats its last token.
+    let mut small = SynthSpec::tiny(Arch::Qwen2, 1);
+    small.max_position = 4096;
+    small.tie_embeddings = false;
+    let mut large = SynthSpec::tiny(Arch::Qwen3, 2);
+    large.max_position = 4096;
+    large.num_layers = 3;
+    large.tie_embeddings = false;
+    let small = write_hf_dir(&small, &dir.join("small")).expect("write small model");
+    let large = write_hf_dir(&large, &dir.join("large")).expect("write large model");
+    let yaml = format!(
+        "model:
+  quick:
+    model_path: {}
+    scheduler_class: random_slm
+    scheduler_kwargs: {{p: 0.5, seed: 0}}
+    kv_cache_tokens: 16384
+  reference:
+    model_path: {}
+    scheduler_class: random_llm
+    kv_cache_tokens: 16384
+    delayed_batching_threshold: [1, 2]
+system:
+  entry_model: quick
+  execution: async
+{system_extra}",
+        small.display(),
+        large.display()
+    );
+    let file = dir.join("tiny.yaml");
+    std::fs::write(&file, yaml).expect("write config");
+    file
+}
+
+fn python_with_openai() -> bool {
+    Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Runs a Python client script against `base_url`; panics with its output on failure.
+async fn run_client(script: PathBuf, base_url: String, api_key: &'static str) {
+    let name = script.display().to_string();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .arg(&script)
+            .args(["--base-url", &base_url, "--api-key", api_key])
+            .output()
+    })
+    .await
+    .expect("join")
+    .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{name}:\n{stdout}");
+    assert!(
+        output.status.success(),
+        "{name} failed:\n{stdout}\n{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_client_against_the_real_engine_on_tiny_models() {
+    if !python_with_openai() {
+        println!(
+            "SKIPPED: python3 with the `openai` package is not installed (pip install openai; scripts/test.sh does it)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny_setup(dir.path(), "");
+    let cfg = EngineConfig::from_file(&file).unwrap();
+    let engine = Engine::start(cfg).unwrap();
+    let e2 = engine.clone();
+    tokio::task::spawn_blocking(move || e2.wait_ready(Duration::from_secs(120)))
+        .await
+        .unwrap()
+        .expect("tiny engine loads");
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let backend: Arc<dyn tokenrouter_api::Backend> = Arc::new(engine.clone());
+    let cfg = ServerConfig {
+        api_key: Some("test-key".into()),
+        shutdown_grace: Duration::from_secs(5),
+        ..ServerConfig::default()
+    };
+    let server = tokio::spawn(tokenrouter_server::serve(listener, backend, cfg, async move {
+        let _ = stop_rx.await;
+    }));
+    let base_url = format!("http://{addr}/v1");
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+
+    let t0 = Instant::now();
+    run_client(here.join("tests/openai_e2e.py"), base_url.clone(), "test-key").await;
+    println!("openai_e2e.py: {:.1}s", t0.elapsed().as_secs_f64());
+    let t0 = Instant::now();
+    run_client(
+        here.join("../server/tests/openai_client.py"),
+        base_url,
+        "test-key",
+    )
+    .await;
+    println!("openai_client.py: {:.1}s", t0.elapsed().as_secs_f64());
+
+    let _ = stop_tx.send(());
+    let result = tokio::time::timeout(Duration::from_secs(20), server)
+        .await
+        .expect("serve returns after shutdown")
+        .expect("join");
+    assert!(result.is_ok(), "{result:?}");
+    engine.shutdown();
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `tokenrouter serve` as a child process: /health turns 200, an in-flight request still
+/// completes after SIGTERM, and the process exits 0 within the grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_exits_zero_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny_setup(dir.path(), "");
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tokenrouter"))
+        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--config")
+        .arg(&file)
+        .args(["--shutdown-grace", "10"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tokenrouter");
+    let pid = child.id();
+    let client = reqwest::Client::new();
+    let root = format!("http://127.0.0.1:{port}");
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(r) = client.get(format!("{root}/health")).send().await {
+            if r.status() == 200 {
+                break;
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("tokenrouter exited early with {status}");
+        }
+        assert!(Instant::now() < deadline, "/health never answered 200");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A request in flight when SIGTERM arrives: the server lets it finish.
+    let inflight = {
+        let client = client.clone();
+        let url = format!("{root}/v1/completions");
+        tokio::spawn(async move {
+            let r = client
+                .post(url)
+                .json(&serde_json::json!({
+                    "prompt": "count", "max_tokens": 1500, "ignore_eos": true, "temperature": 0
+                }))
+                .send()
+                .await?;
+            let status = r.status();
+            let body: serde_json::Value = r.json().await?;
+            Ok::<_, reqwest::Error>((status, body))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let t0 = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(kill.success());
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("tokenrouter did not exit within 30 s of SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut log = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut log);
+    }
+    assert!(status.success(), "exit status {status}; log:\n{log}");
+    println!("exited {status} {:.2}s after SIGTERM", t0.elapsed().as_secs_f64());
+
+    let (code, body) = inflight
+        .await
+        .expect("join")
+        .expect("the in-flight request gets its answer");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 1500, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+}

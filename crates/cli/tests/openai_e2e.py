@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""End-to-end test of a running tokenrouter server (real engine) with the official `openai` client.
+
+    python3 crates/cli/tests/openai_e2e.py --base-url http://127.0.0.1:30000/v1 [--api-key KEY]
+
+Written for the tiny synthetic model pair of `e2e_tiny.rs` (random weights, a byte-level
+vocabulary whose ids 64..89 are the letters a..z): requests add a logit bias towards those
+letters, so outputs are plain ASCII and never end early, whatever the random weights say.
+Every check is deterministic (greedy, or sampling with a fixed seed).
+
+Covers: /v1/models, chat, completion, streaming with usage (and equality with the non-streamed
+answer), stop strings (also one spanning tokens written by different models), n=2, logprobs
+(chat and legacy, with their source model), provenance, error statuses (404, 400 naming the
+field, 400 context, 401, 413, malformed JSON), and a client disconnect mid-stream: the request
+is aborted and the KV cache of every model returns to 0 (GET /metrics).
+Prints one line per test and "N passed, N failed"; exits non-zero on any failure.
+"""
+
+import argparse
+import json
+import re
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+import openai
+
+ROUTED = "tokenrouter"
+# Letters a..z in the synthetic tokenizer (byte-level alphabet sorted: '!' is id 0).
+LETTERS = {str(ord(c) - ord("!")): 30 for c in "abcdefghijklmnopqrstuvwxyz"}
+
+
+def check(cond, message):
+    if not cond:
+        raise AssertionError(message)
+
+
+def parse_metrics(text):
+    """{(name, labels): value} from a Prometheus text exposition."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([^\s{#]+)(\{[^}]*\})?\s+(\S+)$", line)
+        if m:
+            out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+class Suite:
+    def __init__(self, base_url, api_key):
+        self.base_url = base_url.rstrip("/")
+        self.root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+        self.api_key = api_key
+        self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key or "none",
+                                    max_retries=0, timeout=120)
+        self.models = [m.id for m in self.client.models.list().data]
+
+    # ---- helpers ----
+
+    def metrics(self):
+        with urllib.request.urlopen(self.root + "/metrics", timeout=10) as resp:
+            return parse_metrics(resp.read().decode())
+
+    def metric(self, name, label_filter=""):
+        return sum(v for (n, labels), v in self.metrics().items() if n == name and label_filter in labels)
+
+    def chat(self, **kw):
+        kw.setdefault("model", ROUTED)
+        kw.setdefault("messages", [{"role": "user", "content": "Say hello."}])
+        extra = kw.setdefault("extra_body", {})
+        extra.setdefault("logit_bias", LETTERS)
+        return self.client.chat.completions.create(**kw)
+
+    def complete(self, **kw):
+        kw.setdefault("model", ROUTED)
+        kw.setdefault("prompt", "Once upon a time")
+        kw.setdefault("logit_bias", LETTERS)
+        return self.client.completions.create(**kw)
+
+    def raw_post(self, path, body: bytes, key=None):
+        req = urllib.request.Request(self.base_url + path, data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        key = key if key is not None else self.api_key
+        if key:
+            req.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    # ---- tests ----
+
+    def test_models(self):
+        check(self.models[0] == ROUTED, f"first model should be {ROUTED}: {self.models}")
+        check({"quick", "reference"} <= set(self.models), self.models)
+
+    def test_chat(self):
+        r = self.chat(max_tokens=24, temperature=0, extra_body={"return_token_sources": True,
+                                                                "logit_bias": LETTERS})
+        c = r.choices[0]
+        check(r.object == "chat.completion" and r.id.startswith("chatcmpl-"), (r.object, r.id))
+        check(c.message.role == "assistant", c.message.role)
+        check(re.fullmatch(r"[a-z]+", c.message.content or ""), f"content {c.message.content!r}")
+        check(c.finish_reason == "length", c.finish_reason)
+        u = r.usage
+        check(u.completion_tokens == 24 and u.total_tokens == u.prompt_tokens + 24, u)
+        prov = r.model_extra["tokenrouter"]
+        check(sum(prov["tokens_by_model"].values()) == 24, prov)
+        sources = c.model_extra["token_sources"]
+        check(len(sources) == 24 and set(sources) == {"quick", "reference"},
+              f"random routing with p=0.5 should use both models: {sources}")
+        switches = sum(1 for a, b in zip(sources, sources[1:]) if a != b)
+        check(prov["switches"] == switches, (prov, switches))
+
+    def test_pinned_model(self):
+        for pinned in ("quick", "reference"):
+            r = self.chat(model=pinned, max_tokens=8, temperature=0,
+                          extra_body={"return_token_sources": True, "logit_bias": LETTERS})
+            check(r.model == pinned, r.model)
+            check(r.choices[0].model_extra["token_sources"] == [pinned] * 8,
+                  r.choices[0].model_extra)
+            check(r.model_extra["tokenrouter"]["switches"] == 0, r.model_extra)
+
+    def test_completion(self):
+        r = self.complete(max_tokens=5, temperature=0)
+        check(r.object == "text_completion" and r.id.startswith("cmpl-"), (r.object, r.id))
+        check(r.choices[0].finish_reason == "length", r.choices[0].finish_reason)
+        check(r.usage.completion_tokens == 5 and re.fullmatch(r"[a-z]{5}", r.choices[0].text),
+              (r.usage, r.choices[0].text))
+        # Without the bias and with ignore_eos the length is exact too.
+        r = self.client.completions.create(model=ROUTED, prompt="Hi", max_tokens=7, temperature=0,
+                                           extra_body={"ignore_eos": True})
+        check(r.usage.completion_tokens == 7 and r.choices[0].finish_reason == "length", r)
+
+    def test_stream_with_usage(self):
+        base = self.chat(max_tokens=20, temperature=1.0, seed=11).choices[0].message.content
+        stream = self.chat(max_tokens=20, temperature=1.0, seed=11, stream=True, stream_options={"include_usage": True},
+                           extra_body={"return_token_sources": True, "logit_bias": LETTERS})
+        chunks = list(stream)
+        content = [c for c in chunks if c.choices]
+        check(content, "no content chunks")
+        first = content[0].choices[0].delta
+        check(first.role == "assistant" and first.content, f"bad first delta {first}")
+        for c in content:
+            check(c.usage is None, f"usage on a content chunk: {c}")
+            check(c.object == "chat.completion.chunk", c.object)
+        last = chunks[-1]
+        check(last.choices == [] and last.usage is not None, f"bad final chunk {last}")
+        check(last.usage.completion_tokens == 20, last.usage)
+        text = "".join(c.choices[0].delta.content or "" for c in content)
+        check(text == base, f"stream {text!r} != non-stream {base!r}")
+        sources = sum((c.choices[0].model_extra.get("token_sources") or [] for c in content), [])
+        check(len(sources) == 20, sources)
+        check(content[-1].choices[0].finish_reason == "length", content[-1])
+        prov = last.model_extra["tokenrouter"]
+        check(sum(prov["tokens_by_model"].values()) == 20, prov)
+        # Completions stream too.
+        chunks = list(self.complete(max_tokens=6, temperature=0, stream=True,
+                                    stream_options={"include_usage": True}))
+        check(chunks[-1].usage.completion_tokens == 6 and chunks[-1].choices == [], chunks[-1])
+        check("".join(c.choices[0].text for c in chunks if c.choices), "empty completion stream")
+
+    def test_stop(self):
+        # Sampling with a fixed seed is reproducible and gives varied letters.
+        same = dict(max_tokens=32, temperature=1.0, seed=7)
+        r = self.complete(**same, extra_body={"return_token_sources": True})
+        base, sources = r.choices[0].text, r.choices[0].model_extra["token_sources"]
+        check(len(base) == 32 == len(sources), (base, sources))  # one letter per token
+        # A stop string spanning a hand-off: its first letter from one model, the next from the other.
+        cut = next((i for i in range(4, 30) if sources[i] != sources[i + 1]
+                    and base.index(base[i:i + 2]) == i), None)
+        check(cut is not None, f"no usable hand-off in {base!r} / {sources}")
+        stop = base[cut:cut + 2]
+        r = self.complete(**same, stop=[stop, "never-seen"])
+        c = r.choices[0]
+        check(c.finish_reason == "stop", c.finish_reason)
+        check(c.text == base[:cut], (c.text, base, stop))
+        # The same through streams (completion and chat).
+        chunks = [c for c in self.complete(**same, stop=stop, stream=True) if c.choices]
+        text = "".join(c.choices[0].text for c in chunks)
+        check(text == base[:cut], (text, stop))
+        check(chunks[-1].choices[0].finish_reason == "stop", chunks[-1])
+        chat_base = self.chat(**same).choices[0].message.content
+        stop = chat_base[10:13]
+        s = self.chat(**same, stop=stop, stream=True)
+        chunks = [c for c in s if c.choices]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        check(text == chat_base[: chat_base.index(stop)], (text, chat_base, stop))
+        check(chunks[-1].choices[0].finish_reason == "stop", chunks[-1])
+
+    def test_n2(self):
+        r = self.chat(max_tokens=12, n=2, temperature=1.0, seed=5)
+        check([c.index for c in r.choices] == [0, 1], r.choices)
+        check(all(c.message.content for c in r.choices), r.choices)
+        check(r.choices[0].message.content != r.choices[1].message.content,
+              "n=2 with sampling gave identical choices")
+        check(r.usage.completion_tokens == 24, r.usage)
+        again = self.chat(max_tokens=12, n=2, temperature=1.0, seed=5)
+        check([c.message.content for c in again.choices] == [c.message.content for c in r.choices],
+              "a fixed seed should reproduce both choices")
+        # Streaming with n=2: both indices appear.
+        idx = {c.choices[0].index for c in self.chat(max_tokens=4, n=2, seed=3, stream=True) if c.choices}
+        check(idx == {0, 1}, idx)
+
+    def test_logprobs(self):
+        r = self.chat(max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+        content = r.choices[0].logprobs.content
+        check(len(content) == r.usage.completion_tokens == 6, (len(content), r.usage))
+        for e in content:
+            check(e.logprob <= 0 and len(e.top_logprobs) == 2, e)
+            check(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob, e)
+            check(e.model_extra.get("source") in ("quick", "reference"), e.model_extra)
+        check("".join(e.token for e in content) == r.choices[0].message.content, content)
+        r = self.complete(prompt="Hi", max_tokens=4, temperature=0, logprobs=2)
+        lp = r.choices[0].logprobs
+        check(len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == 4, lp)
+        check(all(len(t) >= 1 for t in lp.top_logprobs), lp.top_logprobs)
+        check(all(v <= 0 for v in lp.token_logprobs), lp.token_logprobs)
+
+    def test_errors(self):
+        def expect(exc, fn):
+            try:
+                fn()
+            except exc as e:
+                return e
+            raise AssertionError(f"expected {exc.__name__}")
+
+        e = expect(openai.NotFoundError, lambda: self.chat(model="no-such-model"))
+        check(e.status_code == 404, e)
+        e = expect(openai.BadRequestError, lambda: self.chat(temperature=-1))
+        check(e.status_code == 400 and "temperature" in str(e), e)
+        e = expect(openai.BadRequestError, lambda: self.chat(max_tokens=10**7))
+        check(e.status_code == 400 and "context" in str(e), e)
+        status, body = self.raw_post("/chat/completions", b'{"messages": [')
+        check(status == 400 and "error" in body, (status, body))
+        status, body = self.raw_post("/chat/completions", json.dumps(
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}).encode())
+        check(status == 400 and "max_tokens" in json.dumps(body), (status, body))
+        status, body = self.raw_post("/completions", json.dumps(
+            {"prompt": "x", "max_tokens": 2, "no_such_field": 1}).encode())
+        check(status == 200, ("unknown fields must be ignored", status, body))
+        big = json.dumps({"prompt": "x" * (5 * 1024 * 1024), "max_tokens": 1}).encode()
+        status, body = self.raw_post("/completions", big)
+        check(status == 413, (status, body))
+        if self.api_key:
+            bad = openai.OpenAI(base_url=self.base_url, api_key="wrong", max_retries=0)
+            e = expect(openai.AuthenticationError, lambda: bad.models.list())
+            check(e.status_code == 401, e)
+            status, body = self.raw_post("/completions", b'{"prompt": "x"}', key="")
+            check(status == 401 and body["error"]["message"], (status, body))
+
+    def test_disconnect_frees_kv(self):
+        aborted = 'reason="client_disconnect"'
+        before = self.metric("tokenrouter:requests_aborted_total", aborted)
+        stream = self.client.completions.create(model=ROUTED, prompt="Count forever:", max_tokens=3000,
+                                                stream=True, temperature=0, extra_body={"ignore_eos": True})
+        for i, _ in enumerate(stream):
+            if i == 3:
+                break
+        busy_kv = self.metric("tokenrouter:kv_cache_usage_perc")
+        busy_active = self.metric("tokenrouter:engine_active_requests")
+        stream.close()
+        check(busy_kv > 0 and busy_active == 1, f"mid-stream: kv {busy_kv}, active {busy_active}")
+        deadline = time.time() + 20
+        state = None
+        while time.time() < deadline:
+            m = self.metrics()
+            kv = {labels: v for (n, labels), v in m.items() if n == "tokenrouter:kv_cache_usage_perc"}
+            active = m.get(("tokenrouter:engine_active_requests", ""), -1)
+            after = sum(v for (n, labels), v in m.items()
+                        if n == "tokenrouter:requests_aborted_total" and aborted in labels)
+            state = (kv, active, after)
+            if kv and all(v == 0 for v in kv.values()) and active == 0 and after > before:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"after the disconnect: kv {state[0]}, active {state[1]}, "
+                             f"aborted {before} -> {state[2]}")
+
+    def test_health_and_version(self):
+        with urllib.request.urlopen(self.root + "/health", timeout=10) as resp:
+            check(resp.status == 200, resp.status)
+        with urllib.request.urlopen(self.root + "/version", timeout=10) as resp:
+            check(json.loads(resp.read())["name"] == "tokenrouter", "version")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:30000/v1")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("-k", "--only", default="", help="run only tests whose name contains this")
+    args = parser.parse_args()
+    suite = Suite(args.base_url, args.api_key)
+    tests = [getattr(suite, n) for n in dir(suite) if n.startswith("test_") and args.only in n]
+    passed = failed = 0
+    for test in tests:
+        t0 = time.time()
+        try:
+            test()
+            passed += 1
+            print(f"ok   {test.__name__} ({time.time() - t0:.2f}s)", flush=True)
+        except Exception:  # noqa: BLE001 - report every failure and go on
+            failed += 1
+            print(f"FAIL {test.__name__}\n{traceback.format_exc()}", flush=True)
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
