@@ -116,7 +116,11 @@ fn every_config_parses_and_names_registered_classes() {
         let models = cfg
             .models()
             .unwrap_or_else(|e| panic!("{}: bad model section: {e}", file.display()));
-        assert!(models.len() >= 2, "{}: fewer than two models", file.display());
+        assert!(
+            models.len() >= 2,
+            "{}: fewer than two models",
+            file.display()
+        );
         for m in &models {
             let class = m.section.scheduler_class.as_deref().unwrap_or("slm_only");
             assert!(
@@ -150,7 +154,12 @@ fn every_method_has_its_configs() {
                 gpu.display(),
                 m.name
             );
-            assert_eq!(m.section.dtype.as_deref(), Some("bf16"), "{}", gpu.display());
+            assert_eq!(
+                m.section.dtype.as_deref(),
+                Some("bf16"),
+                "{}",
+                gpu.display()
+            );
         }
         if !NEEDS_WEIGHTS.contains(method) {
             let cpu = dir.join(method).join(CPU_PAIR);
@@ -220,7 +229,9 @@ fn cpu_configs_use_the_built_in_pair() {
             .collect();
         for p in &paths {
             assert!(
-                tokenrouter_fetch::DEFAULT_MODELS.iter().any(|d| d.name == p),
+                tokenrouter_fetch::DEFAULT_MODELS
+                    .iter()
+                    .any(|d| d.name == p),
                 "{}: `{p}` is not a built-in model name",
                 file.display()
             );

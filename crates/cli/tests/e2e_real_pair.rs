@@ -109,7 +109,9 @@ async fn default_config_serves_the_real_pair() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
-    let content = body["choices"][0]["message"]["content"].as_str().unwrap_or("");
+    let content = body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or("");
     assert!(!content.trim().is_empty(), "empty answer: {body}");
     let n = body["usage"]["completion_tokens"].as_u64().unwrap();
     check_provenance(&body["tokenrouter"], n);
@@ -137,7 +139,11 @@ async fn default_config_serves_the_real_pair() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let events = sse_events(&r.text().await.unwrap());
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
     let chunks: Vec<Value> = events[..events.len() - 1]
         .iter()
         .map(|e| serde_json::from_str(e).unwrap())

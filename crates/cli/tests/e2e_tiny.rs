@@ -106,14 +106,24 @@ async fn openai_client_against_the_real_engine_on_tiny_models() {
         shutdown_grace: Duration::from_secs(5),
         ..ServerConfig::default()
     };
-    let server = tokio::spawn(tokenrouter_server::serve(listener, backend, cfg, async move {
-        let _ = stop_rx.await;
-    }));
+    let server = tokio::spawn(tokenrouter_server::serve(
+        listener,
+        backend,
+        cfg,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
     let base_url = format!("http://{addr}/v1");
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
 
     let t0 = Instant::now();
-    run_client(here.join("tests/openai_e2e.py"), base_url.clone(), "test-key").await;
+    run_client(
+        here.join("tests/openai_e2e.py"),
+        base_url.clone(),
+        "test-key",
+    )
+    .await;
     println!("openai_e2e.py: {:.1}s", t0.elapsed().as_secs_f64());
     let t0 = Instant::now();
     run_client(
@@ -217,7 +227,10 @@ async fn binary_exits_zero_on_sigterm() {
         let _ = e.read_to_string(&mut log);
     }
     assert!(status.success(), "exit status {status}; log:\n{log}");
-    println!("exited {status} {:.2}s after SIGTERM", t0.elapsed().as_secs_f64());
+    println!(
+        "exited {status} {:.2}s after SIGTERM",
+        t0.elapsed().as_secs_f64()
+    );
 
     let (code, body) = inflight
         .await

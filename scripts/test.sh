@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The test command: run from a fresh clone on a machine with Rust (rustup) and Python 3 + pip.
+#
+#   1. installs what the tests need when missing: rustfmt and clippy (rustup), the `openai`
+#      Python package (for the end-to-end tests with the official client);
+#   2. checks formatting (cargo fmt --check);
+#   3. fetches the two real models (Qwen2.5-Coder 0.5B/1.5B Q4_K_M GGUF, ~1.6 GB, sha256-
+#      verified; a no-op when cached) — `tokenrouter fetch`;
+#   4. runs every test of the workspace in release mode, with the real models required
+#      (TOKENROUTER_REQUIRE_MODELS=1: a test that needs them fails instead of skipping);
+#   5. runs clippy on every target with warnings as errors.
+#
+# Environment: CARGO_TARGET_DIR (default target/), TOKENROUTER_CACHE (model cache, default
+# ~/.cache/tokenrouter), SKIP_CLIPPY=1 / SKIP_FETCH=1 to leave a step out (local use only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+elapsed() { echo "$(( $(date +%s) - start ))s"; }
+start=$(date +%s)
+
+step "toolchain"
+command -v cargo >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "python3 not found" >&2; exit 1; }
+cargo --version
+for component in rustfmt clippy; do
+  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    rustup component add "$component"
+  fi
+done
+
+step "python packages"
+if ! python3 -c "import openai" 2>/dev/null; then
+  # Debian's system Python refuses plain `pip install` (PEP 668): fall back to a user install.
+  python3 -m pip install --quiet openai \
+    || python3 -m pip install --quiet --user --break-system-packages openai
+fi
+python3 -c "import openai; print('openai', openai.__version__)"
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+if [ "${SKIP_FETCH:-0}" != 1 ]; then
+  step "fetch the default models ($(elapsed))"
+  cargo run --release -p tokenrouter -- fetch
+fi
+
+step "cargo test --workspace --release ($(elapsed))"
+TOKENROUTER_REQUIRE_MODELS=1 cargo test --workspace --release
+
+if [ "${SKIP_CLIPPY:-0}" != 1 ]; then
+  step "cargo clippy ($(elapsed))"
+  cargo clippy --workspace --all-targets --release -- -D warnings
+fi
+
+step "all passed in $(elapsed)"
