@@ -5,7 +5,6 @@
 
 use crate::config::RopeStyle;
 use crate::kv::{BlockTable, LayerKv};
-use rayon::prelude::*;
 
 /// One row of a ragged batch as attention sees it.
 #[derive(Clone, Copy, Debug)]
@@ -82,6 +81,19 @@ impl RopeTable {
     }
 }
 
+/// Output pointer shared by pool workers that write disjoint slices.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: workers only write disjoint ranges (see `paged_attention`).
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Shapes of one attention layer.
 #[derive(Clone, Copy, Debug)]
 pub struct HeadDims {
@@ -138,7 +150,9 @@ pub fn paged_attention(
             tok_pos.push(r.past + i);
         }
     }
-    q.par_chunks_mut(nh * hd).enumerate().for_each(|(t, qt)| {
+    // Rope and cache writes are cheap and stay on this thread; the attention loop below runs
+    // on candle's own worker pool (a second pool would spin against it for the same cores).
+    q.chunks_mut(nh * hd).enumerate().for_each(|(t, qt)| {
         for head in qt.chunks_mut(hd) {
             rope.apply(head, tok_pos[t]);
             // llama.cpp multiplies q with the f16 cache in f16 as well.
@@ -147,7 +161,7 @@ pub fn paged_attention(
             }
         }
     });
-    k.par_chunks_mut(nkv * hd).enumerate().for_each(|(t, kt)| {
+    k.chunks_mut(nkv * hd).enumerate().for_each(|(t, kt)| {
         for head in kt.chunks_mut(hd) {
             rope.apply(head, tok_pos[t]);
         }
@@ -176,7 +190,8 @@ pub fn paged_attention(
     let scale = 1.0 / (hd as f32).sqrt();
     let (kc, vc) = (&cache.k, &cache.v);
     let mut out = vec![0f32; total * nh * hd];
-    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
+    let out_ptr = SharedOut(out.as_mut_ptr());
+    let attend = |idx: usize| {
         let (t, h) = (idx / nh, idx % nh);
         let kvh = h / group;
         let qv = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
@@ -196,6 +211,9 @@ pub fn paged_attention(
             sum += *s;
         }
         let inv = 1.0 / sum;
+        // SAFETY: item `idx` owns output elements idx*hd..(idx+1)*hd exclusively, and `out`
+        // outlives the pool call below.
+        let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(idx * hd), hd) };
         for (j, p) in scores.iter().enumerate() {
             let base = table.slot(j, block_size) * row_len + kvh * hd;
             let w = p * inv;
@@ -203,7 +221,13 @@ pub fn paged_attention(
                 *oi += w * vi;
             }
         }
-    });
+    };
+    let items = total * nh;
+    if items * (tok_pos.iter().max().copied().unwrap_or(0) + 1) < 4096 {
+        (0..items).for_each(attend);
+    } else {
+        candle_core::utils::barrier_pool().execute_chunked(items, |range| range.for_each(attend));
+    }
     out
 }
 
