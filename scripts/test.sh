@@ -9,6 +9,7 @@
 #   4. runs every test of the workspace in release mode, with the real models required
 #      (TOKENROUTER_REQUIRE_MODELS=1: a test that needs them fails instead of skipping);
 #   5. runs clippy on every target with warnings as errors.
+# fmt, tests and clippy all run even when an earlier one fails; the summary names the failures.
 #
 # Environment: CARGO_TARGET_DIR (default target/), TOKENROUTER_CACHE (model cache, default
 # ~/.cache/tokenrouter), SKIP_CLIPPY=1 / SKIP_FETCH=1 to leave a step out (local use only).
@@ -18,6 +19,17 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 elapsed() { echo "$(( $(date +%s) - start ))s"; }
 start=$(date +%s)
+failed=()
+# Run a check; on failure note it and go on, so one run reports every problem.
+check() {
+  local name=$1
+  shift
+  step "$name ($(elapsed))"
+  if ! "$@"; then
+    failed+=("$name")
+    printf '\n!!! %s FAILED\n' "$name"
+  fi
+}
 
 step "toolchain"
 command -v cargo >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
@@ -37,20 +49,22 @@ if ! python3 -c "import openai" 2>/dev/null; then
 fi
 python3 -c "import openai; print('openai', openai.__version__)"
 
-step "cargo fmt --check"
-cargo fmt --all --check
+check "cargo fmt --check" cargo fmt --all --check
 
 if [ "${SKIP_FETCH:-0}" != 1 ]; then
   step "fetch the default models ($(elapsed))"
   cargo run --release -p tokenrouter -- fetch
 fi
 
-step "cargo test --workspace --release ($(elapsed))"
-TOKENROUTER_REQUIRE_MODELS=1 cargo test --workspace --release
+export TOKENROUTER_REQUIRE_MODELS=1
+check "cargo test --workspace --release" cargo test --workspace --release
 
 if [ "${SKIP_CLIPPY:-0}" != 1 ]; then
-  step "cargo clippy ($(elapsed))"
-  cargo clippy --workspace --all-targets --release -- -D warnings
+  check "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warnings
 fi
 
+if [ ${#failed[@]} -gt 0 ]; then
+  step "FAILED after $(elapsed): ${failed[*]}"
+  exit 1
+fi
 step "all passed in $(elapsed)"
