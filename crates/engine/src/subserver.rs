@@ -245,7 +245,11 @@ impl SubServer {
                 .map(|r| (r.rid, self.delta_len(r)))
                 .collect();
             wants.push((req.rid, self.delta_len(req)));
-            let needed = self.runner.blocks_needed(&wants);
+            let mut needed = self.runner.blocks_needed(&wants);
+            if needed > self.runner.free_blocks() {
+                self.evict_pending(needed);
+                needed = self.runner.blocks_needed(&wants);
+            }
             if needed <= self.runner.free_blocks() {
                 if let Some(req) = self.waiting.pop_front() {
                     if let Some((_, at)) = req.handed_off {
@@ -257,8 +261,8 @@ impl SubServer {
                     }
                     self.running.push(req);
                 }
-            } else if self.running.is_empty() {
-                // Even alone it does not fit: fail it rather than wait forever.
+            } else if self.running.is_empty() && needed > self.runner.usage().total_blocks {
+                // It can never fit: fail it rather than wait forever.
                 if let Some(req) = self.waiting.pop_front() {
                     let total = self.runner.usage().total_blocks;
                     req.fail(format!(
@@ -269,6 +273,61 @@ impl SubServer {
                 }
             } else {
                 break;
+            }
+        }
+    }
+
+    /// Free the KV of requests that are away at another model (pending here) until
+    /// `needed` blocks are free; they re-prefill here when they come back.
+    fn evict_pending(&mut self, needed: usize) {
+        let present: std::collections::HashSet<u64> = self
+            .running
+            .iter()
+            .chain(self.waiting.iter())
+            .map(|r| r.rid)
+            .collect();
+        let pending: Vec<u64> = self
+            .runner
+            .cached_sequences()
+            .into_iter()
+            .filter(|s| !present.contains(s))
+            .collect();
+        for rid in pending {
+            if self.runner.free_blocks() >= needed {
+                break;
+            }
+            tracing::debug!(
+                model = self.name(),
+                rid,
+                "KV cache full: evicting a pending request"
+            );
+            self.runner.free(rid);
+        }
+    }
+
+    /// Running requests grow by a token per step; when the KV cache cannot hold the next
+    /// step, the newest requests go back to the queue and give up their KV here (they are
+    /// recomputed when readmitted), so the others keep going instead of failing.
+    fn preempt_to_fit(&mut self) {
+        loop {
+            let wants: Vec<(u64, usize)> = self
+                .running
+                .iter()
+                .map(|r| (r.rid, self.delta_len(r)))
+                .collect();
+            if self.running.len() <= 1
+                || self.runner.blocks_needed(&wants) <= self.runner.free_blocks()
+            {
+                return;
+            }
+            if let Some(req) = self.running.pop() {
+                tracing::warn!(
+                    model = self.name(),
+                    rid = req.rid,
+                    "KV cache full: preempting a request"
+                );
+                self.runner.free(req.rid);
+                self.waiting.push_front(req);
             }
         }
     }
@@ -286,6 +345,7 @@ impl SubServer {
             self.publish();
             return false;
         }
+        self.preempt_to_fit();
         let mut rows = Vec::with_capacity(self.running.len());
         for r in &self.running {
             let mut cached = self.runner.seq_len(r.rid).unwrap_or(0);

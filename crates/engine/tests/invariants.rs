@@ -210,3 +210,28 @@ async fn auto_thresholds_are_planned_online_and_exported() {
     assert!(metrics.contains("tokenrouter:delayed_batching_threshold{model=\"reference\"}"));
     assert_all_free(&e, Duration::from_secs(5));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_kv_cache_preempts_instead_of_failing() {
+    let p = pair();
+    // 512 tokens of KV per model: 6 requests of ~150 tokens cannot all fit at once.
+    let mut cfg = config(&p, "random", "{p: 0.3, seed: 5}", "random", "", "async");
+    let text = std::fs::read_to_string(&cfg.file)
+        .unwrap()
+        .replace("kv_cache_tokens: 8192", "kv_cache_tokens: 512");
+    std::fs::write(&cfg.file, text).unwrap();
+    cfg = tokenrouter_engine::EngineConfig::from_file(&cfg.file).unwrap();
+    let e = start(cfg);
+    let reqs: Vec<_> = (0..6)
+        .map(|i| greedy_request(prompt(20, i as u32), 130))
+        .collect();
+    let outs = concurrently(&e, &reqs).await;
+    for (ids, _) in &outs {
+        assert_eq!(ids.len(), 130);
+    }
+    // Preemption must not change results: same as running each alone.
+    for (r, out) in reqs.iter().zip(&outs) {
+        assert_eq!(&run(&e, r.clone()).await, out);
+    }
+    assert_all_free(&e, Duration::from_secs(5));
+}

@@ -99,6 +99,11 @@ impl Runner {
         u.total_blocks - u.used_blocks
     }
 
+    /// Sequences with KV cached here.
+    pub fn cached_sequences(&self) -> Vec<SeqId> {
+        self.blocks.sequences().collect()
+    }
+
     /// Release a sequence's KV. Returns whether it was cached here.
     pub fn free(&mut self, seq: SeqId) -> bool {
         self.blocks.free_seq(seq)
