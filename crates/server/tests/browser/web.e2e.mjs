@@ -262,6 +262,8 @@ async function main() {
     await page.screenshot({ path: join(ARTIFACTS, "web-compare.png"), fullPage: true });
     log(`compare mode ok: ${JSON.stringify(summary)}; screenshot web-compare.png`);
 
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflow <= 0, `the page is ${overflow}px wider than the window`);
     assert.deepEqual(foreign, [], "the page fetched something from another origin");
     assert.deepEqual(problems, [], "the page logged errors");
   } finally {
