@@ -206,8 +206,9 @@ async fn binary_exits_zero_on_sigterm() {
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let t0 = Instant::now();
-    let kill = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
+    // The shell's builtin `kill` (no dependency on procps being installed).
+    let kill = Command::new("sh")
+        .args(["-c", "kill -TERM \"$0\"", &pid.to_string()])
         .status()
         .expect("run kill");
     assert!(kill.success());
