@@ -17,7 +17,10 @@ use tokenrouter_runtime::Arch;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let dir = PathBuf::from(args.next().ok_or("usage: make_tiny_pair <dir> [random|rstitch]")?);
+    let dir = PathBuf::from(
+        args.next()
+            .ok_or("usage: make_tiny_pair <dir> [random|rstitch]")?,
+    );
     let method = args.next().unwrap_or_else(|| "random".into());
     let (kwargs, llm_kwargs) = match method.as_str() {
         "random" => ("{p: 0.3, seed: 7}", "{p: 0.3, seed: 7}"),

@@ -300,8 +300,12 @@ fn token_texts(tokens: &[OutToken], text: &str) -> Vec<String> {
         .enumerate()
         .map(|(k, t)| {
             let start = at(t.text_offset);
-            let end = tokens.get(k + 1).map_or(text.len(), |next| at(next.text_offset));
-            text.get(start..end.max(start)).unwrap_or_default().to_string()
+            let end = tokens
+                .get(k + 1)
+                .map_or(text.len(), |next| at(next.text_offset));
+            text.get(start..end.max(start))
+                .unwrap_or_default()
+                .to_string()
         })
         .collect()
 }

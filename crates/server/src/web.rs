@@ -62,8 +62,7 @@ async fn index() -> Response {
 }
 
 async fn file(Path(name): Path<String>) -> Response {
-    serve(&name)
-        .unwrap_or_else(|| ApiError::RouteNotFound(format!("/web/{name}")).into_response())
+    serve(&name).unwrap_or_else(|| ApiError::RouteNotFound(format!("/web/{name}")).into_response())
 }
 
 fn serve(name: &str) -> Option<Response> {

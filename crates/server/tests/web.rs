@@ -44,7 +44,10 @@ async fn root_serves_the_page_with_html_type_and_security_headers() {
     assert!(html.contains(r#"<script type="module" src="/web/app.js"></script>"#));
     assert!(html.contains(r#"href="/web/style.css""#));
     // No network beyond this server: nothing loaded from elsewhere.
-    assert!(!html.contains("http://") && !html.contains("https://"), "{html}");
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "{html}"
+    );
     let head = send(app(&m), get("/")).await;
     assert_eq!(head.status(), StatusCode::OK);
 }
@@ -109,8 +112,18 @@ async fn every_asset_the_page_references_is_served() {
         assert_eq!(resp.status(), StatusCode::OK, "{path}");
         pending.extend(references(&text(resp).await));
     }
-    for must in ["app.js", "api.js", "answer.js", "metrics.js", "tooltip.js", "style.css"] {
-        assert!(seen.contains(must), "{must} not reached from the page: {seen:?}");
+    for must in [
+        "app.js",
+        "api.js",
+        "answer.js",
+        "metrics.js",
+        "tooltip.js",
+        "style.css",
+    ] {
+        assert!(
+            seen.contains(must),
+            "{must} not reached from the page: {seen:?}"
+        );
     }
 }
 
@@ -170,7 +183,15 @@ async fn token_detail_texts_concatenate_to_each_streamed_delta() {
             let delta = choice["delta"]["content"].as_str().unwrap_or("");
             let (texts, sources) = detail_texts(choice);
             assert_eq!(texts.concat(), delta, "{c}");
-            assert_eq!(sources, choice["token_sources"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect::<Vec<_>>());
+            assert_eq!(
+                sources,
+                choice["token_sources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s.as_str().unwrap().to_string())
+                    .collect::<Vec<_>>()
+            );
             content.push_str(delta);
             pieces.extend(texts);
             streamed_sources.extend(sources);
@@ -193,7 +214,10 @@ async fn token_detail_texts_concatenate_to_each_streamed_delta() {
         assert_eq!(sources, streamed_sources);
         if stop.is_array() {
             assert!(!content.contains("END"));
-            assert!(texts.iter().rev().take(3).all(String::is_empty), "{texts:?}");
+            assert!(
+                texts.iter().rev().take(3).all(String::is_empty),
+                "{texts:?}"
+            );
         }
     }
 }
