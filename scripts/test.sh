@@ -57,10 +57,10 @@ if [ "${SKIP_FETCH:-0}" != 1 ]; then
 fi
 
 export TOKENROUTER_REQUIRE_MODELS=1
-check "cargo test --workspace --release" cargo test --workspace --release
+check "cargo test --workspace --release" cargo test --workspace --release --no-fail-fast
 
 if [ "${SKIP_CLIPPY:-0}" != 1 ]; then
-  check "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warnings
+  check "cargo clippy" cargo clippy --workspace --all-targets --release --keep-going -- -D warnings
 fi
 
 if [ ${#failed[@]} -gt 0 ]; then
