@@ -161,6 +161,10 @@ impl SubServer {
         m.kv_usage
             .with_label_values(&[name])
             .set(self.runner.usage().fraction());
+        let active = self.shared.active.load(Ordering::SeqCst);
+        m.threshold
+            .with_label_values(&[name])
+            .set(self.shared.threshold(self.idx, active) as f64);
         self.shared.held[self.idx].store(self.held(), Ordering::SeqCst);
         self.shared.kv_used[self.idx].store(self.runner.usage().used_blocks, Ordering::SeqCst);
     }
