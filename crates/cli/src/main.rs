@@ -2,6 +2,7 @@
 //! `generate` (quick raw completions), `fetch` (default models), `bench` (load generator),
 //! `bench-model` (runtime speed), `plan-batching` (delayed-batching planner).
 
+mod device_bench;
 mod model_bench;
 
 use anyhow::{Context, Result};
@@ -11,13 +12,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use tokenrouter_engine::{Engine, EngineConfig};
-use tokenrouter_runtime::{load_model, KvBudget, LoadOptions, Row, Sampler, SamplingConfig, StepOptions};
+use tokenrouter_runtime::{
+    load_model, KvBudget, LoadOptions, Row, Sampler, SamplingConfig, StepOptions,
+};
 
 /// The configuration `serve` uses when none is given.
-const DEFAULT_CONFIG: &str = include_str!("../../../config/rstitch/qwen2.5-coder-0.5b_1.5b_cpu.yaml");
+const DEFAULT_CONFIG: &str =
+    include_str!("../../../config/rstitch/qwen2.5-coder-0.5b_1.5b_cpu.yaml");
 
 #[derive(Parser)]
-#[command(name = "tokenrouter", version, about = "Token-level routing between LLMs that share a tokenizer")]
+#[command(
+    name = "tokenrouter",
+    version,
+    about = "Token-level routing between LLMs that share a tokenizer"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -113,7 +121,10 @@ fn main() -> Result<()> {
 fn load_config(path: Option<&PathBuf>) -> Result<EngineConfig> {
     Ok(match path {
         Some(p) => EngineConfig::from_file(p)?,
-        None => EngineConfig::from_yaml(DEFAULT_CONFIG, std::path::Path::new("<built-in default config>"))?,
+        None => EngineConfig::from_yaml(
+            DEFAULT_CONFIG,
+            std::path::Path::new("<built-in default config>"),
+        )?,
     })
 }
 
@@ -158,13 +169,14 @@ fn serve(a: ServeArgs) -> Result<()> {
 async fn shutdown_signal() {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
             _ = term.recv() => {},
@@ -179,11 +191,24 @@ async fn shutdown_signal() {
 fn generate(a: GenerateArgs) -> Result<()> {
     let loc = tokenrouter_fetch::resolve_model(&a.model)?;
     let t0 = Instant::now();
-    let mut m = load_model(loc.path(), &LoadOptions { kv: KvBudget::Tokens(a.max_tokens + 4096), ..Default::default() })?;
-    eprintln!("loaded {} in {:.2}s", loc.path().display(), t0.elapsed().as_secs_f64());
+    let mut m = load_model(
+        loc.path(),
+        &LoadOptions {
+            kv: KvBudget::Tokens(a.max_tokens + 4096),
+            ..Default::default()
+        },
+    )?;
+    eprintln!(
+        "loaded {} in {:.2}s",
+        loc.path().display(),
+        t0.elapsed().as_secs_f64()
+    );
     let prompt = m.text.encode(&a.prompt)?;
     let limit = m.text.real_vocab_len();
-    let cfg = SamplingConfig { temperature: a.temperature, ..Default::default() };
+    let cfg = SamplingConfig {
+        temperature: a.temperature,
+        ..Default::default()
+    };
     let mut sampler = Sampler::new(cfg, a.seed, &prompt);
     let mut next = prompt.clone();
     let mut out: Vec<u32> = Vec::new();
@@ -192,7 +217,10 @@ fn generate(a: GenerateArgs) -> Result<()> {
     let t1 = Instant::now();
     let mut first = None;
     while out.len() < a.max_tokens {
-        let logits = m.runner.step(&[Row::new(1, next)], StepOptions::default())?.logits_rows()?;
+        let logits = m
+            .runner
+            .step(&[Row::new(1, next)], StepOptions::default())?
+            .logits_rows()?;
         first.get_or_insert_with(|| t1.elapsed());
         let tok = sampler.sample(&logits[0], limit, 0).token;
         if m.text.eos_ids().contains(&tok) {

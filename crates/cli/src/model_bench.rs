@@ -2,6 +2,8 @@
 //! prefill tok/s for a long prompt, single-stream greedy decode tok/s, and batched decode
 //! throughput (B sequences stepping together), so it can be set next to llama.cpp's
 //! numbers from `scripts/bench_llamacpp.py` in the same run (`scripts/bench_cpu.sh`).
+//! With `--random-weights CONFIG` (any device) or `--check-logits DIR` it runs the GPU
+//! benchmark / correctness check of `device_bench.rs` instead.
 
 use anyhow::Result;
 use std::time::Instant;
@@ -10,8 +12,35 @@ use tokenrouter_runtime::{load_model, KvBudget, LoadOptions, Row, StepOptions};
 #[derive(clap::Args)]
 pub struct ModelBenchArgs {
     /// A GGUF file, a Hugging Face directory, a model id in the HF cache, or a default name.
+    #[arg(long, required_unless_present_any = ["random_weights", "check_logits"])]
+    model: Option<String>,
+    /// Benchmark a model of this config.json's shape with random weights made on the device
+    /// (decode step latency at each of --batches, an extend of --prefill-tokens, ceilings).
     #[arg(long)]
-    model: String,
+    random_weights: Option<std::path::PathBuf>,
+    /// Run a fixed mixed extend/decode script on this safetensors directory and write all
+    /// logits to --logits-out (needs --ids-file).
+    #[arg(long)]
+    check_logits: Option<std::path::PathBuf>,
+    #[arg(long)]
+    ids_file: Option<std::path::PathBuf>,
+    #[arg(long)]
+    logits_out: Option<std::path::PathBuf>,
+    /// cpu, cuda or cuda:N (with --random-weights / --check-logits).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// f32, bf16 or f16 (default: bf16 on GPUs, f32 on the CPU).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Batch sizes of the decode-step latencies (with --random-weights).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+    batches: Vec<usize>,
+    /// Cached context of each sequence during the decode steps (with --random-weights).
+    #[arg(long, default_value_t = 1024)]
+    context: usize,
+    /// Also measure copy bandwidth and bf16 GEMM ceilings (with --random-weights).
+    #[arg(long)]
+    ceilings: bool,
     /// Prompt length for the decode runs.
     #[arg(long, default_value_t = 64)]
     prompt_tokens: usize,
@@ -38,39 +67,82 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn tokens(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| 1000 + (i * 7919 + salt * 104_729) % 30_000).collect()
+    (0..n as u32)
+        .map(|i| 1000 + (i * 7919 + salt * 104_729) % 30_000)
+        .collect()
 }
 
 pub fn run(a: ModelBenchArgs) -> Result<()> {
-    let loc = tokenrouter_fetch::resolve_model(&a.model)?;
+    if let Some(cfg) = &a.random_weights {
+        return crate::device_bench::run_random(crate::device_bench::RandomBench {
+            config: cfg,
+            device: &a.device,
+            dtype: a.dtype.as_deref(),
+            batches: &a.batches,
+            context: a.context,
+            steps: a.decode_tokens.min(20),
+            prefill: a.prefill_tokens,
+            ceilings: a.ceilings,
+        });
+    }
+    if let Some(dir) = &a.check_logits {
+        let (Some(ids), Some(out)) = (&a.ids_file, &a.logits_out) else {
+            anyhow::bail!("--check-logits needs --ids-file and --logits-out");
+        };
+        return crate::device_bench::check_logits(dir, ids, out, &a.device, a.dtype.as_deref());
+    }
+    let loc = tokenrouter_fetch::resolve_model(a.model.as_deref().unwrap_or_default())?;
     let kv = a.batch * (a.prompt_tokens + a.decode_tokens) + a.prefill_tokens + 64;
-    let mut m = load_model(loc.path(), &LoadOptions { kv: KvBudget::Tokens(kv), ..Default::default() })?;
+    let mut m = load_model(
+        loc.path(),
+        &LoadOptions {
+            kv: KvBudget::Tokens(kv),
+            ..Default::default()
+        },
+    )?;
     let opts = StepOptions::default();
     let (mut prefill, mut decode1, mut decode_b) = (Vec::new(), Vec::new(), Vec::new());
     let mut seq = 0u64;
     for rep in 0..a.repeats.max(1) {
         seq += 1;
         let t = Instant::now();
-        m.runner.step(&[Row::new(seq, tokens(a.prefill_tokens, rep as u32))], opts)?;
+        m.runner
+            .step(&[Row::new(seq, tokens(a.prefill_tokens, rep as u32))], opts)?;
         prefill.push(a.prefill_tokens as f64 / t.elapsed().as_secs_f64());
         m.runner.free(seq);
         // Single stream: prompt, then greedy steps (argmax, fed back).
         seq += 1;
-        let mut l = m.runner.step(&[Row::new(seq, tokens(a.prompt_tokens, rep as u32))], opts)?.logits_rows()?;
+        let mut l = m
+            .runner
+            .step(&[Row::new(seq, tokens(a.prompt_tokens, rep as u32))], opts)?
+            .logits_rows()?;
         let t = Instant::now();
         for _ in 0..a.decode_tokens {
             let next = argmax(&l[0]);
-            l = m.runner.step(&[Row::new(seq, vec![next])], opts)?.logits_rows()?;
+            l = m
+                .runner
+                .step(&[Row::new(seq, vec![next])], opts)?
+                .logits_rows()?;
         }
         decode1.push(a.decode_tokens as f64 / t.elapsed().as_secs_f64());
         m.runner.free(seq);
         // Batched: B sequences decode together.
-        let ids: Vec<u64> = (0..a.batch as u64).map(|i| 10_000 + seq * 100 + i).collect();
-        let rows: Vec<Row> = ids.iter().enumerate().map(|(i, &s)| Row::new(s, tokens(a.prompt_tokens, i as u32 + 7))).collect();
+        let ids: Vec<u64> = (0..a.batch as u64)
+            .map(|i| 10_000 + seq * 100 + i)
+            .collect();
+        let rows: Vec<Row> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| Row::new(s, tokens(a.prompt_tokens, i as u32 + 7)))
+            .collect();
         let mut l = m.runner.step(&rows, opts)?.logits_rows()?;
         let t = Instant::now();
         for _ in 0..a.decode_tokens {
-            let rows: Vec<Row> = ids.iter().zip(&l).map(|(&s, row)| Row::new(s, vec![argmax(row)])).collect();
+            let rows: Vec<Row> = ids
+                .iter()
+                .zip(&l)
+                .map(|(&s, row)| Row::new(s, vec![argmax(row)]))
+                .collect();
             l = m.runner.step(&rows, opts)?.logits_rows()?;
         }
         decode_b.push((a.batch * a.decode_tokens) as f64 / t.elapsed().as_secs_f64());
@@ -88,12 +160,22 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
         println!("model: {}", loc.path().display());
         println!("| measurement | tok/s |\n|---|---|");
         println!("| prefill ({} tokens) | {p:.1} |", a.prefill_tokens);
-        println!("| decode, batch 1 ({} after {} prompt tokens) | {d1:.1} |", a.decode_tokens, a.prompt_tokens);
-        println!("| decode, batch {} (total) | {db:.1} ({:.2}x batch 1) |", a.batch, db / d1);
+        println!(
+            "| decode, batch 1 ({} after {} prompt tokens) | {d1:.1} |",
+            a.decode_tokens, a.prompt_tokens
+        );
+        println!(
+            "| decode, batch {} (total) | {db:.1} ({:.2}x batch 1) |",
+            a.batch,
+            db / d1
+        );
     }
     Ok(())
 }
 
 fn argmax(v: &[f32]) -> u32 {
-    v.iter().enumerate().fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32
+    v.iter()
+        .enumerate()
+        .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+        .0 as u32
 }

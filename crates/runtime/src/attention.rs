@@ -55,6 +55,11 @@ impl RopeTable {
         self.max_pos
     }
 
+    /// `(cos, sin, head_dim / 2, style)`: row-major `[max_pos, head_dim / 2]` tables.
+    pub fn parts(&self) -> (&[f32], &[f32], usize, RopeStyle) {
+        (&self.cos, &self.sin, self.half, self.style)
+    }
+
     /// Rotate one head vector in place for position `pos`.
     #[inline]
     pub fn apply(&self, x: &mut [f32], pos: usize) {

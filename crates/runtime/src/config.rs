@@ -112,8 +112,10 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
+            // transformers 5 writes `rope_parameters: {rope_theta, rope_type}` instead.
             rope_theta: v
                 .get("rope_theta")
+                .or_else(|| v.get("rope_parameters").and_then(|r| r.get("rope_theta")))
                 .and_then(|x| x.as_f64())
                 .unwrap_or(10_000.0),
             rms_norm_eps: v

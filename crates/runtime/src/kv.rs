@@ -206,6 +206,14 @@ impl LayerKv {
     }
 }
 
+/// A model's KV storage: host vectors (the CPU path, `attention.rs`) or device tensors
+/// (the GPU path, `attention_device.rs`), one entry per layer.
+#[derive(Debug)]
+pub enum KvStore {
+    Host(Vec<LayerKv>),
+    Device(Vec<crate::attention_device::TensorKv>),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

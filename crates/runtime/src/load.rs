@@ -102,6 +102,30 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Load only the weights of a Hugging Face directory (`config.json` + safetensors, no
+/// tokenizer needed), e.g. a checkpoint written by `transformers` for a logits check.
+pub fn load_runner(dir: &Path, opts: &LoadOptions) -> Result<Runner> {
+    let cfg = ModelConfig::from_hf_json(&dir.join("config.json"))?;
+    let files = safetensors_files(dir)?;
+    let mut src = WeightSource::safetensors(&files, dir, &opts.device, opts.dtype)?;
+    let cap = capacity(&cfg, opts.kv);
+    Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap)
+}
+
+/// A model of real shape from a `config.json` alone: Normal(0, 0.02) matrices (unit norm
+/// weights) created on `opts.device` in `opts.dtype`, seeded on GPUs. For benchmarks of shapes
+/// whose checkpoints are not at hand (e.g. Qwen3-32B, 65 GB in bf16).
+pub fn load_random(config_json: &Path, opts: &LoadOptions, seed: u64) -> Result<Runner> {
+    let cfg = ModelConfig::from_hf_json(config_json)?;
+    if !opts.device.is_cpu() {
+        // candle cannot seed its CPU generator; there the weights differ per run.
+        opts.device.set_seed(seed)?;
+    }
+    let mut src = WeightSource::random(&cfg, config_json, &opts.device, opts.dtype, 0.02);
+    let cap = capacity(&cfg, opts.kv);
+    Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap)
+}
+
 /// Load a GGUF file or a Hugging Face directory.
 pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let (runner, text) = if path.is_dir() {
@@ -111,7 +135,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let mut src = WeightSource::safetensors(&files, path, &opts.device, opts.dtype)?;
         let cap = capacity(&cfg, opts.kv);
         (
-            Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap),
+            Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap)?,
             text,
         )
     } else {
@@ -121,7 +145,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let mut src = WeightSource::gguf(content, file, path, &opts.device);
         let cap = capacity(&cfg, opts.kv);
         (
-            Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap),
+            Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap)?,
             text,
         )
     };

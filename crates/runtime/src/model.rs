@@ -3,13 +3,15 @@
 //! attention (see `attention.rs`) keeps each row on its own paged KV cache.
 
 use crate::attention::{paged_attention, HeadDims, RopeTable, RowSpan};
+use crate::attention_device::{self, DeviceRope, StepPlan};
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::kv::{BlockTable, LayerKv};
+use crate::kv::{BlockTable, KvStore};
 use crate::weights::{Part, Role, WeightSource};
 use candle_core::quantized::QMatMul;
-use candle_core::{Device, Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::ops::rms_norm;
+use std::sync::OnceLock;
 
 /// A matmul with an optional bias.
 pub struct Linear {
@@ -66,6 +68,8 @@ pub struct Transformer {
     norm: Tensor,
     lm_head: QMatMul,
     rope: RopeTable,
+    /// The rotary table as tensors, made on first use by the tensor-KV path.
+    rope_dev: OnceLock<DeviceRope>,
     device: Device,
 }
 
@@ -86,7 +90,7 @@ impl Transformer {
             cfg.num_heads * cfg.head_dim,
             cfg.num_kv_heads * cfg.head_dim,
         );
-        let embed_q = src.matrix(Role::Embed, 0, (cfg.vocab_size, h))?;
+        let embed = src.qmatmul(Role::Embed, 0, (cfg.vocab_size, h))?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let qk_norm = |src: &mut WeightSource, role| -> Result<Option<Tensor>> {
@@ -112,11 +116,10 @@ impl Transformer {
         }
         let norm = src.dense(Role::FinalNorm, 0, Part::Weight, &[h])?;
         let lm_head = if cfg.tie_embeddings || !src.has(Role::LmHead, 0, Part::Weight) {
-            QMatMul::from_arc(embed_q.clone())?
+            embed.clone()
         } else {
             src.qmatmul(Role::LmHead, 0, (cfg.vocab_size, h))?
         };
-        let embed = QMatMul::from_arc(embed_q)?;
         // The table grows with the context; cap it so a 1M-context config does not
         // allocate gigabytes up front (sequences beyond it are rejected as too long).
         let rope_len = cfg.max_position.min(1 << 17);
@@ -128,8 +131,25 @@ impl Transformer {
             norm,
             lm_head,
             rope,
+            rope_dev: OnceLock::new(),
             device: device.clone(),
         })
+    }
+
+    /// The dtype hidden states have (bf16 for dense bf16 weights, f32 otherwise).
+    pub fn dtype(&self) -> DType {
+        match &self.embed {
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dtype(),
+            QMatMul::QTensor(_) => DType::F32,
+        }
+    }
+
+    fn device_rope(&self, dtype: DType) -> candle_core::Result<&DeviceRope> {
+        if let Some(r) = self.rope_dev.get() {
+            return Ok(r);
+        }
+        let r = DeviceRope::new(&self.rope, dtype, &self.device)?;
+        Ok(self.rope_dev.get_or_init(|| r))
     }
 
     pub fn device(&self) -> &Device {
@@ -167,7 +187,7 @@ impl Transformer {
         rows: &[RowSpan],
         tables: &[&BlockTable],
         block_size: usize,
-        kv: &mut [LayerKv],
+        kv: &mut KvStore,
         want_hidden: bool,
         all_logits: bool,
     ) -> Result<ForwardOutput> {
@@ -181,7 +201,22 @@ impl Transformer {
         };
         let ids_t = Tensor::new(ids, &self.device)?;
         let mut x = self.embed.embedding(&ids_t)?;
-        for (layer, cache) in self.layers.iter().zip(kv.iter_mut()) {
+        let plan = match kv {
+            KvStore::Device(c) => {
+                let dt = c.first().map_or(x.dtype(), |c| c.dtype());
+                let rope = self.device_rope(dt)?;
+                Some(StepPlan::new(
+                    rows,
+                    tables,
+                    block_size,
+                    rope,
+                    dims,
+                    &self.device,
+                )?)
+            }
+            KvStore::Host(_) => None,
+        };
+        for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, eps)?;
             let mut q = layer.q.forward(&h)?;
             let mut k = layer.k.forward(&h)?;
@@ -191,21 +226,31 @@ impl Transformer {
                 q = rms_norm(&q.reshape((t * cfg.num_heads, hd))?, qn, eps)?;
                 k = rms_norm(&k.reshape((t * cfg.num_kv_heads, hd))?, kn, eps)?;
             }
-            let mut qv = q.flatten_all()?.to_vec1::<f32>()?;
-            let mut kv_new = k.flatten_all()?.to_vec1::<f32>()?;
-            let vv = v.flatten_all()?.to_vec1::<f32>()?;
-            let attn = paged_attention(
-                &mut qv,
-                &mut kv_new,
-                &vv,
-                rows,
-                tables,
-                block_size,
-                cache,
-                dims,
-                &self.rope,
-            );
-            let attn = Tensor::from_vec(attn, (t, cfg.num_heads * cfg.head_dim), &self.device)?;
+            let attn = match (&mut *kv, &plan) {
+                (KvStore::Device(c), Some(plan)) => {
+                    let q = q.reshape((t, cfg.num_heads * cfg.head_dim))?;
+                    let k = k.reshape((t, cfg.num_kv_heads * cfg.head_dim))?;
+                    attention_device::attend(&q, &k, &v, plan, &c[li], dims)?.to_dtype(x.dtype())?
+                }
+                (KvStore::Device(_), None) => unreachable!("a plan is made for tensor KV"),
+                (KvStore::Host(c), _) => {
+                    let mut qv = q.flatten_all()?.to_vec1::<f32>()?;
+                    let mut kv_new = k.flatten_all()?.to_vec1::<f32>()?;
+                    let vv = v.flatten_all()?.to_vec1::<f32>()?;
+                    let attn = paged_attention(
+                        &mut qv,
+                        &mut kv_new,
+                        &vv,
+                        rows,
+                        tables,
+                        block_size,
+                        &mut c[li],
+                        dims,
+                        &self.rope,
+                    );
+                    Tensor::from_vec(attn, (t, cfg.num_heads * cfg.head_dim), &self.device)?
+                }
+            };
             x = (x + layer.o.forward(&attn)?)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?;
             let g = layer.gate.forward(&h)?;
@@ -220,10 +265,15 @@ impl Transformer {
             x.index_select(&Tensor::new(last, &self.device)?, 0)?
         };
         let hn = rms_norm(&x, &self.norm, eps)?;
-        let logits = self.lm_head.forward(&hn)?;
+        // Sampling and routers read f32 on the host: convert on the device (a no-op on f32).
+        let logits = self.lm_head.forward(&hn)?.to_dtype(DType::F32)?;
         Ok(ForwardOutput {
             logits,
-            hidden: want_hidden.then_some(hn),
+            hidden: if want_hidden {
+                Some(hn.to_dtype(DType::F32)?)
+            } else {
+                None
+            },
         })
     }
 }

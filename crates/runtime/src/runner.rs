@@ -3,9 +3,10 @@
 //! the sequence already has cached. The runner owns the model and its paged KV cache.
 
 use crate::attention::RowSpan;
+use crate::attention_device::TensorKv;
 use crate::config::ModelConfig;
 use crate::error::{Result, RuntimeError};
-use crate::kv::{BlockManager, BlockTable, KvCapacity, KvUsage, LayerKv, SeqId};
+use crate::kv::{BlockManager, BlockTable, KvCapacity, KvStore, KvUsage, LayerKv, SeqId};
 use crate::model::Transformer;
 use candle_core::Tensor;
 use std::collections::HashSet;
@@ -49,21 +50,47 @@ impl StepOutput {
 pub struct Runner {
     model: Transformer,
     blocks: BlockManager,
-    kv: Vec<LayerKv>,
+    kv: KvStore,
 }
 
 impl Runner {
-    pub fn new(model: Transformer, capacity: KvCapacity) -> Self {
+    /// On the CPU the KV cache is host memory (`attention.rs`); on a GPU it is device
+    /// tensors in the model's dtype (`attention_device.rs`).
+    pub fn new(model: Transformer, capacity: KvCapacity) -> Result<Self> {
         let cfg = &model.cfg;
         let row = cfg.num_kv_heads * cfg.head_dim;
-        let kv = (0..cfg.num_layers)
-            .map(|_| LayerKv::new(capacity.total_tokens(), row))
-            .collect();
-        Self {
+        let kv = if model.device().is_cpu() {
+            KvStore::Host(
+                (0..cfg.num_layers)
+                    .map(|_| LayerKv::new(capacity.total_tokens(), row))
+                    .collect(),
+            )
+        } else {
+            Self::tensor_kv(&model, capacity)?
+        };
+        Ok(Self {
             model,
             blocks: BlockManager::new(capacity),
             kv,
-        }
+        })
+    }
+
+    fn tensor_kv(model: &Transformer, capacity: KvCapacity) -> Result<KvStore> {
+        let cfg = &model.cfg;
+        let row = cfg.num_kv_heads * cfg.head_dim;
+        let layers = (0..cfg.num_layers)
+            .map(|_| TensorKv::new(capacity.total_tokens(), row, model.dtype(), model.device()))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(KvStore::Device(layers))
+    }
+
+    /// Switch to the tensor KV path (what GPUs use) on any device, dropping cached
+    /// sequences. Used to test that path on the CPU.
+    pub fn use_tensor_kv(&mut self) -> Result<()> {
+        let cap = self.blocks.capacity();
+        self.kv = Self::tensor_kv(&self.model, cap)?;
+        self.blocks = BlockManager::new(cap);
+        Ok(())
     }
 
     pub fn config(&self) -> &ModelConfig {

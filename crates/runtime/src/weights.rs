@@ -1,5 +1,7 @@
 //! Reads tensors by their logical role from either a GGUF file (quantised, kept quantised)
-//! or a Hugging Face safetensors directory (dense), so the transformer has one loader.
+//! or a Hugging Face safetensors directory (dense), so the transformer has one loader; or
+//! creates random weights of a config's shapes on the device (benchmarks of real shapes
+//! without downloading checkpoints).
 
 use crate::config::ModelConfig;
 use crate::error::{Result, RuntimeError};
@@ -88,6 +90,19 @@ enum Source {
         file: File,
     },
     Safetensors(candle_core::safetensors::MmapedSafetensors),
+    /// Normal(0, std) matrices and biases, unit norm weights, made on the device.
+    Random {
+        cfg: ModelConfig,
+        std: f64,
+    },
+}
+
+fn qdtype_of(dtype: DType) -> candle_core::quantized::GgmlDType {
+    match dtype {
+        DType::F16 => candle_core::quantized::GgmlDType::F16,
+        DType::BF16 => candle_core::quantized::GgmlDType::BF16,
+        _ => candle_core::quantized::GgmlDType::F32,
+    }
 }
 
 /// An open weight source plus the file it came from (for error messages).
@@ -126,6 +141,26 @@ impl WeightSource {
         })
     }
 
+    /// Random weights of `cfg`'s shapes, created directly on `device` in `dtype`
+    /// (seed them with `device.set_seed`).
+    pub fn random(cfg: &ModelConfig, path: &Path, device: &Device, dtype: DType, std: f64) -> Self {
+        Self {
+            source: Source::Random {
+                cfg: cfg.clone(),
+                std,
+            },
+            path: path.to_path_buf(),
+            device: device.clone(),
+            dtype,
+        }
+    }
+
+    fn randn(&self, shape: &[usize], std: f64) -> Result<Tensor> {
+        // curand fills f32; the bf16 copy is made on the device too.
+        let t = Tensor::randn(0f32, std as f32, shape, &self.device)?;
+        Ok(t.to_dtype(self.dtype)?)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -133,7 +168,7 @@ impl WeightSource {
     fn name(&self, role: Role, layer: usize, part: Part) -> String {
         match self.source {
             Source::Gguf { .. } => gguf_name(role, layer, part),
-            Source::Safetensors(_) => hf_name(role, layer, part),
+            Source::Safetensors(_) | Source::Random { .. } => hf_name(role, layer, part),
         }
     }
 
@@ -142,6 +177,13 @@ impl WeightSource {
         match &self.source {
             Source::Gguf { content, .. } => content.tensor_infos.contains_key(&name),
             Source::Safetensors(st) => st.get(&name).is_ok(),
+            Source::Random { cfg, .. } => match (role, part) {
+                (Role::Q | Role::K | Role::V, Part::Bias) => cfg.qkv_bias,
+                (_, Part::Bias) => false,
+                (Role::LmHead, _) => !cfg.tie_embeddings,
+                (Role::QNorm | Role::KNorm, _) => cfg.qk_norm,
+                _ => true,
+            },
         }
     }
 
@@ -187,12 +229,12 @@ impl WeightSource {
                 self.check_shape(&name, t.dims(), &want)?;
                 // Dense weights are wrapped as an F32/F16/BF16 QTensor so both formats share
                 // the QMatMul code path; QMatMul dequantises them once at construction.
-                let qdtype = match t.dtype() {
-                    DType::F16 => candle_core::quantized::GgmlDType::F16,
-                    DType::BF16 => candle_core::quantized::GgmlDType::BF16,
-                    _ => candle_core::quantized::GgmlDType::F32,
-                };
-                Ok(Arc::new(QTensor::quantize(&t, qdtype)?))
+                Ok(Arc::new(QTensor::quantize(&t, qdtype_of(t.dtype()))?))
+            }
+            Source::Random { std, .. } => {
+                let std = *std;
+                let t = self.randn(&want, std)?;
+                Ok(Arc::new(QTensor::quantize(&t, qdtype_of(t.dtype()))?))
             }
         }
     }
@@ -206,6 +248,7 @@ impl WeightSource {
             Source::Safetensors(st) => st
                 .load(name, &self.device)
                 .map_err(|e| self.bad(name, e.to_string()))?,
+            Source::Random { .. } => return Err(self.bad(name, "random source has no names")),
         };
         Ok(t.to_dtype(self.dtype)?)
     }
@@ -219,17 +262,43 @@ impl WeightSource {
         shape: &[usize],
     ) -> Result<Tensor> {
         let name = self.name(role, layer, part);
+        if let Source::Random { std, .. } = &self.source {
+            return match part {
+                Part::Bias => self.randn(shape, *std),
+                Part::Weight => Ok(Tensor::ones(shape, self.dtype, &self.device)?),
+            };
+        }
         let t = self.dense_by_name(&name)?;
         self.check_shape(&name, t.dims(), shape)?;
         Ok(t)
     }
 
+    /// A matrix ready for matmuls. On the CPU dense weights go through `QTensor` (as
+    /// always); on a GPU they stay plain tensors in the compute dtype (bf16 cuBLAS
+    /// matmuls; `QMatMul::from_arc` would dequantise a BF16 `QTensor` to f32 there).
     pub fn qmatmul(&mut self, role: Role, layer: usize, shape: (usize, usize)) -> Result<QMatMul> {
+        if !self.device.is_cpu() {
+            match &self.source {
+                Source::Safetensors(_) => {
+                    let name = self.name(role, layer, Part::Weight);
+                    let t = self.dense_by_name(&name)?;
+                    self.check_shape(&name, t.dims(), &[shape.0, shape.1])?;
+                    return Ok(QMatMul::Tensor(t));
+                }
+                Source::Random { std, .. } => {
+                    return Ok(QMatMul::Tensor(self.randn(&[shape.0, shape.1], *std)?));
+                }
+                Source::Gguf { .. } => {}
+            }
+        }
         Ok(QMatMul::from_arc(self.matrix(role, layer, shape)?)?)
     }
 
     /// Checks that a config and the tensors agree before the long load starts.
     pub fn check_config(&self, cfg: &ModelConfig) -> Result<()> {
+        if let Source::Random { .. } = self.source {
+            return Ok(());
+        }
         if !self.has(Role::Embed, 0, Part::Weight) {
             return Err(self.bad(&self.name(Role::Embed, 0, Part::Weight), "missing"));
         }

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The one GPU-machine run (device tool, carry [".gpu"]): builds nothing there.
+#   1. correctness: our CUDA bf16 forward vs HF transformers Qwen3ForCausalLM on the same random
+#      weights (2-layer Qwen3-0.6B shape, safetensors written on the box), mixed extend/decode;
+#   2. our decode-step latency (batch 1..32, context 1024) and extend-512 latency for the
+#      Qwen3-0.6B and Qwen3-32B shapes (random weights made on the GPU), with the copy / GEMM
+#      ceilings and the weight-read floor measured in the same process;
+#   3. the HF transformers eager reference (torch_reference_eager.py) for the same shapes.
+# Logs go to $OUT; a short table is printed last. SKIP_CHECK=1 / SKIP_HF=1 leave 1. / 3. out.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+G=.gpu
+BIN=/tmp/tokenrouter
+if [ -f $G/tokenrouter.xz ]; then xz -dc $G/tokenrouter.xz > $BIN; else cp $G/tokenrouter $BIN; fi
+chmod +x $BIN
+RUN="bash $G/run-on-gpu.sh $BIN"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/env.txt
+
+if [ -z "${SKIP_CHECK:-}" ]; then
+echo "== 1. correctness vs HF transformers"
+CK=/tmp/ck; rm -rf $CK
+python3 scripts/gpu_check_hf.py make $CK 2>&1 | tail -2
+$RUN bench-model --check-logits $CK --ids-file $CK/ids.json --logits-out $CK/ours.bin --device cuda:0 2>&1 | tail -3
+python3 scripts/gpu_check_hf.py compare $CK 2>&1 | grep -v Warning | tee $OUT/check.txt | tail -5
+fi
+
+echo "== 2. our benchmarks"
+timeout 150 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --ceilings 2>&1 | tee $OUT/ours_0.6b.txt | grep -v '^== ldd\|^== LD\|lib' 
+timeout 240 $RUN bench-model --random-weights config/shapes/qwen3-32b.json --device cuda:0 --ceilings 2>&1 | tee $OUT/ours_32b.txt | grep -v '^== ldd\|^== LD\|lib'
+
+if [ -z "${SKIP_HF:-}" ]; then
+echo "== 3. HF eager reference"
+timeout ${HF_TIMEOUT:-200} python3 $G/torch_reference_eager.py 2>&1 | grep -v Warning > $OUT/hf_eager.txt
+grep -E "copy|gemm|HF eager|^\{" $OUT/hf_eager.txt
+fi
+
+echo "== SUMMARY"
+grep -h "^CHECK" $OUT/check.txt 2>/dev/null | cut -c1-400
+python3 - "$OUT" <<'PY'
+import json, sys, re, glob
+out = sys.argv[1]
+hf = {}
+try:
+    for l in open(f"{out}/hf_eager.txt"):
+        if l.startswith("{"): hf = json.loads(l)
+except Exception: pass
+print("| model | floor ms | bs1 | bs2 | bs4 | bs8 | bs16 | bs32 | extend 512 | HF eager bs1 / bs4 / bs16 |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for f in sorted(glob.glob(f"{out}/ours_*.txt")):
+    for l in open(f):
+        if l.startswith("RESULT "):
+            r = json.loads(l[7:]); m = r["model"]
+            d = {x["batch"]: x["ms"] for x in r["decode_ms"]}
+            h = " / ".join(f'{hf.get(f"{m}/bs{b}", float("nan")):.1f}' for b in (1, 4, 16))
+            print(f'| {m} | {r["floor_ms"]:.2f} | ' + " | ".join(f'{d.get(b, float("nan")):.2f}' for b in (1,2,4,8,16,32))
+                  + f' | {r["extend_ms"]:.1f} | {h} |')
+            print(f'<!-- {m}: copy {r["copy_gbs"]:.0f} GB/s, GEMM {r["gemm_tflops"]:.0f} TFLOP/s, weights {r["weight_gb"]:.2f} GB, load {r["load_s"]:.1f}s -->')
+PY
