@@ -1,7 +1,7 @@
 //! End to end on a tiny synthetic model pair (random weights, written to a temp dir, so no
 //! download): the real engine + the real HTTP server, driven by the official `openai`
-//! Python client (`openai_e2e.py` here, and the server crate's `openai_client.py`), and
-//! the `tokenrouter` binary itself answering SIGTERM with a clean exit.
+//! Python client (`openai_e2e.py`), and the `tokenrouter` binary itself answering SIGTERM
+//! with a clean exit.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -125,14 +125,9 @@ async fn openai_client_against_the_real_engine_on_tiny_models() {
     )
     .await;
     println!("openai_e2e.py: {:.1}s", t0.elapsed().as_secs_f64());
-    let t0 = Instant::now();
-    run_client(
-        here.join("../server/tests/openai_client.py"),
-        base_url,
-        "test-key",
-    )
-    .await;
-    println!("openai_client.py: {:.1}s", t0.elapsed().as_secs_f64());
+    // (The server crate's openai_client.py is not run here: it assumes, as its mock does,
+    // that every unseeded sampled answer is non-empty, while a random tiny model may sample
+    // end-of-sequence first. openai_e2e.py makes such outputs deterministic instead.)
 
     let _ = stop_tx.send(());
     let result = tokio::time::timeout(Duration::from_secs(20), server)
