@@ -8,7 +8,8 @@
 #      verified; a no-op when cached) — `tokenrouter fetch`;
 #   4. runs every test of the workspace in release mode, with the real models required
 #      (TOKENROUTER_REQUIRE_MODELS=1: a test that needs them fails instead of skipping);
-#   5. runs clippy on every target with warnings as errors.
+#   5. runs the web view's end-to-end test in headless Chromium (installs Debian's chromium);
+#   6. runs clippy on every target with warnings as errors.
 # fmt, tests and clippy all run even when an earlier one fails; the summary names the failures.
 #
 # Environment: CARGO_TARGET_DIR (default target/), TOKENROUTER_CACHE (model cache, default
@@ -41,6 +42,14 @@ for component in rustfmt clippy; do
   fi
 done
 
+step "browser for the web view test"
+if [ ! -x /usr/bin/chromium ]; then
+  # Debian's Chromium for the headless end-to-end test of the web view (issue: live view).
+  if [ "$(id -u)" = 0 ]; then apt-get install -y -q chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+  else sudo apt-get install -y -q chromium; fi
+fi
+command -v node >/dev/null || { echo "node (>= 20) is needed for the web view test" >&2; exit 1; }
+
 step "python packages"
 if ! python3 -c "import openai" 2>/dev/null; then
   # Debian's system Python refuses plain `pip install` (PEP 668): fall back to a user install.
@@ -58,6 +67,10 @@ fi
 
 export TOKENROUTER_REQUIRE_MODELS=1
 check "cargo test --workspace --release" cargo test --workspace --release --no-fail-fast
+
+# The live web view in headless Chromium against a server on tiny synthetic models
+# (screenshots in crates/server/tests/browser/artifacts/).
+check "web view in headless Chromium" crates/server/tests/browser/run.sh
 
 if [ "${SKIP_CLIPPY:-0}" != 1 ]; then
   check "cargo clippy" cargo clippy --workspace --all-targets --release --keep-going -- -D warnings

@@ -131,8 +131,9 @@ fn load(
             path: m.section.model_path.clone(),
             message,
         };
-        let path = resolve_path(&m.section.model_path, &config.file).map_err(err)?;
+        // The device first: a CPU-only build must not download a GPU model before failing.
         let device = parse_device(&m.section.device).map_err(err)?;
+        let path = resolve_path(&m.section.model_path, &config.file).map_err(err)?;
         let dtype = parse_dtype(m.section.dtype.as_deref(), &device).map_err(err)?;
         let opts = LoadOptions {
             device,

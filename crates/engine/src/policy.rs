@@ -100,7 +100,7 @@ pub struct PolicyContext {
     pub config_file: PathBuf,
     /// The model's input embedding of token ids, `[n, hidden]` (routers such as R2R use
     /// the small model's embedding).
-    pub embed: Option<Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor> + Send + Sync>>,
+    pub embed: Option<tokenrouter_runtime::model::Embedder>,
     /// Device of this model (routers run next to it).
     pub device: candle_core::Device,
 }

@@ -104,6 +104,8 @@ pub struct SubServer {
     policy: Box<dyn Policy>,
     needs: Needs,
     waiting: VecDeque<Box<Req>>,
+    // Boxed: requests travel between sub-server threads as boxes; unboxing here would copy.
+    #[allow(clippy::vec_box)]
     running: Vec<Box<Req>>,
     sample_limit: usize,
     max_batch: usize,
@@ -319,9 +321,13 @@ impl SubServer {
                 .iter()
                 .map(|r| (r.rid, self.delta_len(r)))
                 .collect();
-            if self.running.len() <= 1
-                || self.runner.blocks_needed(&wants) <= self.runner.free_blocks()
-            {
+            let needed = self.runner.blocks_needed(&wants);
+            if needed <= self.runner.free_blocks() {
+                return;
+            }
+            // Pending KV of requests away at other models goes first (cheapest to redo).
+            self.evict_pending(needed);
+            if needed <= self.runner.free_blocks() || self.running.len() <= 1 {
                 return;
             }
             if let Some(req) = self.running.pop() {

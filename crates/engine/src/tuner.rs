@@ -134,15 +134,15 @@ pub fn run_tuner(shared: Arc<Shared>, stop: Arc<AtomicBool>, period: Duration) {
             .collect();
         match optimize_pinned(&input, &pins) {
             Ok(plan) => {
-                for m in 0..n {
+                for (m, &b) in plan.thresholds.iter().enumerate() {
                     if auto[m] {
-                        shared.tuned[m].store(plan.thresholds[m], Ordering::SeqCst);
+                        shared.tuned[m].store(b, Ordering::SeqCst);
                     }
                     shared
                         .metrics
                         .threshold
                         .with_label_values(&[&shared.names[m]])
-                        .set(plan.thresholds[m] as f64);
+                        .set(b as f64);
                 }
                 shared.metrics.predicted_throughput.set(plan.tokens_per_s);
                 let now = (active, plan.thresholds.clone());

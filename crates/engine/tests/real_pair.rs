@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokenrouter_api::Backend;
 use tokenrouter_engine::EngineConfig;
@@ -30,7 +30,7 @@ fn models() -> Option<(PathBuf, PathBuf)> {
     None
 }
 
-fn cfg(dir: &std::path::Path, s: &PathBuf, l: &PathBuf, class: &str, kwargs: &str) -> EngineConfig {
+fn cfg(dir: &Path, s: &Path, l: &Path, class: &str, kwargs: &str) -> EngineConfig {
     let yaml = format!(
         "model:\n  quick: {{model_path: {}, scheduler_class: {class}, scheduler_kwargs: {kwargs}, kv_cache_tokens: 8192}}\n  reference: {{model_path: {}, scheduler_class: {class}, kv_cache_tokens: 8192}}\nsystem: {{entry_model: quick}}\n",
         s.display(),

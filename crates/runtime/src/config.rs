@@ -206,13 +206,13 @@ impl ModelConfig {
         if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_layers == 0 {
             return bad("zero heads or layers".into());
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
                 "{} attention heads are not a multiple of {} KV heads",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 || self.head_dim == 0 {
+        if !self.head_dim.is_multiple_of(2) || self.head_dim == 0 {
             return bad(format!("head_dim {} must be even", self.head_dim));
         }
         Ok(())

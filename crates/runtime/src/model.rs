@@ -13,6 +13,9 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::ops::rms_norm;
 use std::sync::OnceLock;
 
+/// Input embeddings of token ids, `[n, hidden]`, shareable across threads (routers use it).
+pub type Embedder = std::sync::Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor> + Send + Sync>;
+
 /// A matmul with an optional bias.
 pub struct Linear {
     w: QMatMul,
@@ -168,9 +171,7 @@ impl Transformer {
     }
 
     /// A shareable function giving input embeddings of token ids (for routers).
-    pub fn embedder(
-        &self,
-    ) -> std::sync::Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor> + Send + Sync> {
+    pub fn embedder(&self) -> Embedder {
         let embed = self.embed.clone();
         let device = self.device.clone();
         std::sync::Arc::new(move |ids: &[u32]| {
