@@ -69,7 +69,7 @@ def run(variant, conc, args, out):
         wait_ready(port)
         cmd = [BIN, "bench", "--base-url", f"http://127.0.0.1:{port}", "--concurrency", str(conc),
                "--num-prompts", str(max(args.prompts, conc)), "--max-tokens", str(args.max_tokens),
-               "--ignore-eos", "--temperature", "0", "--dataset", "code", "--out-dir", d,
+               "--ignore-eos", "--temperature", "0", "--seed", "1", "--dataset", "code", "--out-dir", d,
                "--no-progress", "--quiet"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         s = json.load(open(os.path.join(d, "summary.json")))
