@@ -81,25 +81,8 @@ impl Policy for CiterSlm {
         if step.rows.is_empty() {
             return Vec::new();
         }
-        match self.scores(step) {
-            Ok(s) => s
-                .into_iter()
-                .map(|s| {
-                    if s < self.threshold {
-                        Decision::go(self.to, Some(s))
-                    } else {
-                        Decision::stay(Some(s))
-                    }
-                })
-                .collect(),
-            Err(e) => {
-                tracing::error!(
-                    model = step.model,
-                    "citer router failed, keeping the small model's tokens: {e}"
-                );
-                vec![Decision::STAY; step.rows.len()]
-            }
-        }
+        let threshold = self.threshold;
+        super::decide(step, "citer", self.to, self.scores(step), |s| s < threshold)
     }
 }
 

@@ -56,25 +56,10 @@ impl Policy for CoLlmSlm {
         if step.rows.is_empty() {
             return Vec::new();
         }
-        match self.p_defer(step) {
-            Ok(p) => p
-                .into_iter()
-                .map(|p| {
-                    if p > self.threshold {
-                        Decision::go(self.to, Some(p))
-                    } else {
-                        Decision::stay(Some(p))
-                    }
-                })
-                .collect(),
-            Err(e) => {
-                tracing::error!(
-                    model = step.model,
-                    "co-llm deferral failed, keeping the small model's tokens: {e}"
-                );
-                vec![Decision::STAY; step.rows.len()]
-            }
-        }
+        let threshold = self.threshold;
+        super::decide(step, "co-llm", self.to, self.p_defer(step), |p| {
+            p > threshold
+        })
     }
 }
 

@@ -34,3 +34,34 @@ pub fn unit_hash(a: u64, b: u64, c: u64) -> f64 {
     z ^= z >> 31;
     (z >> 11) as f64 / (1u64 << 53) as f64
 }
+
+/// Turn a learned router's per-row scores into decisions: go to `to` where `route(score)`,
+/// else stay. If the router failed, keep the small model's tokens rather than stall.
+pub fn decide<E: std::fmt::Display>(
+    step: &crate::policy::StepView<'_>,
+    method: &str,
+    to: tokenrouter_api::ModelIndex,
+    scores: Result<Vec<f32>, E>,
+    route: impl Fn(f32) -> bool,
+) -> Vec<crate::policy::Decision> {
+    use crate::policy::Decision;
+    match scores {
+        Ok(s) => s
+            .into_iter()
+            .map(|p| {
+                if route(p) {
+                    Decision::go(to, Some(p))
+                } else {
+                    Decision::stay(Some(p))
+                }
+            })
+            .collect(),
+        Err(e) => {
+            tracing::error!(
+                model = step.model,
+                "{method} router failed, keeping the small model's tokens: {e}"
+            );
+            vec![Decision::STAY; step.rows.len()]
+        }
+    }
+}

@@ -243,26 +243,10 @@ impl Policy for R2rSlm {
         if step.rows.is_empty() {
             return Vec::new();
         }
-        match self.probabilities(step) {
-            Ok(p) => p
-                .into_iter()
-                .map(|p| {
-                    if p >= self.threshold {
-                        Decision::go(self.to, Some(p))
-                    } else {
-                        Decision::stay(Some(p))
-                    }
-                })
-                .collect(),
-            Err(e) => {
-                // A router failure must not stall generation: keep the small model's tokens.
-                tracing::error!(
-                    model = step.model,
-                    "r2r router failed, keeping the small model's tokens: {e}"
-                );
-                vec![Decision::STAY; step.rows.len()]
-            }
-        }
+        let threshold = self.threshold;
+        super::decide(step, "r2r", self.to, self.probabilities(step), |p| {
+            p >= threshold
+        })
     }
 }
 
