@@ -19,8 +19,8 @@ use tokenrouter_api::{
     SubmitError, TextError,
 };
 use tokenrouter_runtime::{
-    check_shared_vocab, load_model, KvBudget, LoadOptions, Message, Sampler, SamplingConfig,
-    TextModel,
+    check_shared_vocab, load_model, load_random_model, KvBudget, LoadOptions, Message, Sampler,
+    SamplingConfig, TextModel,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +104,22 @@ fn parse_dtype(
     }
 }
 
+/// The config.json of a `random_weights` model: relative to the config file, else as given.
+fn shape_path(spec: &str, config_file: &Path) -> Result<PathBuf, String> {
+    let p = Path::new(spec);
+    let p = match config_file.parent() {
+        Some(dir) if p.is_relative() && dir.join(p).is_file() => dir.join(p),
+        _ => p.to_path_buf(),
+    };
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "random_weights needs model_path to be a config.json file; `{spec}` is not one"
+        ))
+    }
+}
+
 /// A model path relative to the config file if it exists there, else as given (path,
 /// model id or built-in name, resolved by the fetch crate).
 fn resolve_path(spec: &str, config_file: &Path) -> Result<PathBuf, String> {
@@ -133,7 +149,11 @@ fn load(
         };
         // The device first: a CPU-only build must not download a GPU model before failing.
         let device = parse_device(&m.section.device).map_err(err)?;
-        let path = resolve_path(&m.section.model_path, &config.file).map_err(err)?;
+        let path = if m.section.random_weights {
+            shape_path(&m.section.model_path, &config.file).map_err(err)?
+        } else {
+            resolve_path(&m.section.model_path, &config.file).map_err(err)?
+        };
         let dtype = parse_dtype(m.section.dtype.as_deref(), &device).map_err(err)?;
         let opts = LoadOptions {
             device,
@@ -141,7 +161,13 @@ fn load(
             dtype,
         };
         tracing::info!(model = %m.name, path = %path.display(), "loading");
-        let lm = load_model(&path, &opts).map_err(|e| err(e.to_string()))?;
+        let lm = if m.section.random_weights {
+            // `model_path` is a config.json giving the shape; every model gets its own seed.
+            load_random_model(&path, &opts, 1 + loaded.len() as u64)
+        } else {
+            load_model(&path, &opts)
+        }
+        .map_err(|e| err(e.to_string()))?;
         loaded.push((m, path, lm));
     }
     let pairs: Vec<(&str, &TextModel, usize)> = loaded

@@ -19,7 +19,10 @@ pub mod weights;
 pub use config::{Arch, ModelConfig};
 pub use error::{Result, RuntimeError};
 pub use kv::{KvCapacity, KvUsage, SeqId};
-pub use load::{inspect, load_model, load_random, load_runner, KvBudget, LoadOptions, LoadedModel};
+pub use load::{
+    inspect, load_model, load_random, load_random_model, load_runner, KvBudget, LoadOptions,
+    LoadedModel,
+};
 pub use runner::{Row, Runner, StepOptions, StepOutput};
 pub use sampling::{Sampled, Sampler, SamplingConfig};
 pub use text::{check_shared_vocab, Message, SharedVocab, TextModel};

@@ -126,6 +126,16 @@ pub fn load_random(config_json: &Path, opts: &LoadOptions, seed: u64) -> Result<
     Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap)
 }
 
+/// `load_random` plus the synthetic tokenizer (`TextModel::synthetic`): a servable model of
+/// real shape without a checkpoint, for end-to-end benchmarks (engine `random_weights`).
+pub fn load_random_model(config_json: &Path, opts: &LoadOptions, seed: u64) -> Result<LoadedModel> {
+    Ok(LoadedModel {
+        runner: load_random(config_json, opts, seed)?,
+        text: TextModel::synthetic()?,
+        path: config_json.to_path_buf(),
+    })
+}
+
 /// Load a GGUF file or a Hugging Face directory.
 pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let (runner, text) = if path.is_dir() {

@@ -79,7 +79,7 @@ pub fn token_table() -> Vec<String> {
     tokens
 }
 
-fn build_tokenizer() -> Result<Tokenizer> {
+pub(crate) fn build_tokenizer() -> Result<Tokenizer> {
     let tokens = token_table();
     let n_plain = tokens.len() - SPECIAL_TOKENS.len();
     let vocab: tokenizers::models::bpe::Vocab = tokens[..n_plain]

@@ -136,6 +136,20 @@ impl TextModel {
         Ok(Self::new(tokenizer, chat_template, bos, eos, eos_ids))
     }
 
+    /// The synthetic byte-level tokenizer with a ChatML template (see `synth.rs`), for
+    /// models built from a shape alone (`random_weights`): benchmarks need text in and out,
+    /// not meaningful words.
+    pub fn synthetic() -> Result<Self> {
+        let tokenizer = crate::synth::build_tokenizer()?;
+        Ok(Self::new(
+            tokenizer,
+            Some(crate::synth::CHATML_TEMPLATE.to_string()),
+            None,
+            Some("<|im_end|>".into()),
+            Vec::new(),
+        ))
+    }
+
     /// Build from GGUF `tokenizer.ggml.*` metadata.
     pub fn from_gguf(content: &gguf_file::Content, path: &Path) -> Result<Self> {
         let tokenizer = Tokenizer::from_gguf(content)
