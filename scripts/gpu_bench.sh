@@ -6,7 +6,11 @@
 #      Qwen3-0.6B and Qwen3-32B shapes (random weights made on the GPU), with the copy / GEMM
 #      ceilings and the weight-read floor measured in the same process;
 #   3. the HF transformers eager reference (torch_reference_eager.py) for the same shapes.
-# Logs go to $OUT; a short table is printed last. SKIP_CHECK=1 / SKIP_HF=1 leave 1. / 3. out.
+#   4. the fused-kernel check (paged attention vs dense f32 reference, fused vs plain logits)
+#      and the 0.6B step with the fused kernels off / CUDA graphs off, for comparison;
+#   5. end-to-end routing throughput (scripts/gpu_routing.py: serve + bench, random p = 0.35).
+# Logs go to $OUT; a short table is printed last. STEPS picks sections (default all:
+# "check fused ours hf routing"); ROUTING_ARGS is passed to gpu_routing.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
@@ -18,7 +22,10 @@ RUN="bash $G/run-on-gpu.sh $BIN"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/env.txt
 
-if [ -z "${SKIP_CHECK:-}" ]; then
+STEPS=${STEPS:-check fused ours hf routing}
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+if has check; then
 echo "== 1. correctness vs HF transformers"
 CK=/tmp/ck; rm -rf $CK
 python3 scripts/gpu_check_hf.py make $CK 2>&1 | tail -2
@@ -26,14 +33,30 @@ $RUN bench-model --check-logits $CK --ids-file $CK/ids.json --logits-out $CK/our
 python3 scripts/gpu_check_hf.py compare $CK 2>&1 | grep -v Warning | tee $OUT/check.txt | tail -5
 fi
 
+if has fused; then
+echo "== 4. fused kernels: check, and the 0.6B step without them / without graphs"
+timeout 120 $RUN bench-model --check-fused config/shapes/qwen3-0.6b.json --device cuda:0 2>&1 | tee $OUT/check_fused.txt | grep -v '^== ldd\|^== LD\|lib'
+TOKENROUTER_CUDA_GRAPHS=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,4,16 2>&1 | tee $OUT/nographs_0.6b.txt | grep '^|'
+TOKENROUTER_FUSED_KERNELS=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,4,16 2>&1 | tee $OUT/plain_0.6b.txt | grep '^|'
+fi
+
+if has ours; then
 echo "== 2. our benchmarks"
 timeout 150 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --ceilings 2>&1 | tee $OUT/ours_0.6b.txt | grep -v '^== ldd\|^== LD\|lib' 
 timeout 240 $RUN bench-model --random-weights config/shapes/qwen3-32b.json --device cuda:0 --ceilings 2>&1 | tee $OUT/ours_32b.txt | grep -v '^== ldd\|^== LD\|lib'
+fi
 
-if [ -z "${SKIP_HF:-}" ]; then
+if has hf; then
 echo "== 3. HF eager reference"
 timeout ${HF_TIMEOUT:-200} python3 $G/torch_reference_eager.py 2>&1 | grep -v Warning > $OUT/hf_eager.txt
 grep -E "copy|gemm|HF eager|^\{" $OUT/hf_eager.txt
+fi
+
+if has routing; then
+echo "== 5. end-to-end routing"
+printf '#!/usr/bin/env bash\nexec bash %s %s "$@"\n' "$PWD/$G/run-on-gpu.sh" "$BIN" > /tmp/tr-wrapped
+chmod +x /tmp/tr-wrapped
+python3 scripts/gpu_routing.py --bin /tmp/tr-wrapped --out $OUT/routing ${ROUTING_ARGS:-} 2>&1 | tee $OUT/routing.txt | tail -12
 fi
 
 echo "== SUMMARY"

@@ -3,6 +3,7 @@
 //! `bench-model` (runtime speed), `plan-batching` (delayed-batching planner).
 
 mod device_bench;
+mod fused_check;
 mod model_bench;
 
 use anyhow::{Context, Result};

@@ -12,7 +12,7 @@ use tokenrouter_runtime::{load_model, KvBudget, LoadOptions, Row, StepOptions};
 #[derive(clap::Args)]
 pub struct ModelBenchArgs {
     /// A GGUF file, a Hugging Face directory, a model id in the HF cache, or a default name.
-    #[arg(long, required_unless_present_any = ["random_weights", "check_logits"])]
+    #[arg(long, required_unless_present_any = ["random_weights", "check_logits", "check_fused"])]
     model: Option<String>,
     /// Benchmark a model of this config.json's shape with random weights made on the device
     /// (decode step latency at each of --batches, an extend of --prefill-tokens, ceilings).
@@ -24,6 +24,10 @@ pub struct ModelBenchArgs {
     check_logits: Option<std::path::PathBuf>,
     #[arg(long)]
     ids_file: Option<std::path::PathBuf>,
+    /// Check the fused CUDA kernels on a random-weight model of this config.json's shape:
+    /// paged attention vs a dense reference, fused vs plain logits (CUDA builds).
+    #[arg(long)]
+    check_fused: Option<std::path::PathBuf>,
     #[arg(long)]
     logits_out: Option<std::path::PathBuf>,
     /// cpu, cuda or cuda:N (with --random-weights / --check-logits).
@@ -84,6 +88,9 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
             prefill: a.prefill_tokens,
             ceilings: a.ceilings,
         });
+    }
+    if let Some(cfg) = &a.check_fused {
+        return crate::fused_check::check_fused(cfg, &a.device);
     }
     if let Some(dir) = &a.check_logits {
         let (Some(ids), Some(out)) = (&a.ids_file, &a.logits_out) else {

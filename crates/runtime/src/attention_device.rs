@@ -156,29 +156,8 @@ impl StepPlan {
         }
         // Extend rows: one group each, causal.
         for (i, r) in rows.iter().enumerate().filter(|(_, r)| r.len > 1) {
-            let n = r.past + r.len;
-            let gather: Vec<u32> = (0..n)
-                .map(|j| tables[i].slot(j, block_size) as u32)
-                .collect();
-            let mut mask = Vec::with_capacity(r.len * n);
-            for q in 0..r.len {
-                for j in 0..n {
-                    mask.push(if j <= r.past + q {
-                        0f32
-                    } else {
-                        f32::NEG_INFINITY
-                    });
-                }
-            }
             order.extend(r.start..r.start + r.len);
-            groups.push(Group {
-                rows: 1,
-                q_len: r.len,
-                kv_len: n,
-                queries: Span(r.start, r.len),
-                gather: Tensor::new(gather.as_slice(), device)?,
-                mask: Some(Tensor::from_vec(mask, (1, 1, 1, r.len, n), device)?),
-            });
+            groups.push(extend_group(r, tables[i], block_size, device)?);
         }
         let unperm = if order.iter().enumerate().all(|(i, &t)| i == t) {
             None
@@ -237,57 +216,19 @@ pub fn attend(
         num_kv_heads: nkv,
         head_dim: hd,
     } = dims;
-    let group = nh / nkv;
     let dtype = cache.dtype();
     let q = plan.rope(&q.to_dtype(dtype)?, nh, hd)?;
     let k = plan.rope(&k.to_dtype(dtype)?, nkv, hd)?;
     let v = v.to_dtype(dtype)?.contiguous()?;
     cache.k.scatter_set(&plan.write, &k, 0)?;
     cache.v.scatter_set(&plan.write, &v, 0)?;
-    let scale = 1.0 / (hd as f64).sqrt();
     let mut outs = Vec::with_capacity(plan.groups.len());
     for g in &plan.groups {
-        let (b, l, n) = (g.rows, g.q_len, g.kv_len);
         let qg = match &g.queries {
             Span(start, len) => q.narrow(0, *start, *len)?,
             Queries::Index(idx) => q.index_select(idx, 0)?,
         };
-        // [b*l, nh*hd] -> [b, nkv, group*l, hd]
-        let qg = qg
-            .reshape((b, l, nkv, group, hd))?
-            .permute((0, 2, 3, 1, 4))?
-            .contiguous()?
-            .reshape((b, nkv, group * l, hd))?;
-        // [b*n, nkv*hd] -> K^T [b, nkv, hd, n], V [b, nkv, n, hd]
-        let kg = cache
-            .k
-            .index_select(&g.gather, 0)?
-            .reshape((b, n, nkv, hd))?
-            .permute((0, 2, 3, 1))?
-            .contiguous()?;
-        let vg = cache
-            .v
-            .index_select(&g.gather, 0)?
-            .reshape((b, n, nkv, hd))?
-            .permute((0, 2, 1, 3))?
-            .contiguous()?;
-        let scores = (qg.matmul(&kg)?.to_dtype(DType::F32)? * scale)?;
-        let scores = match &g.mask {
-            Some(m) => scores
-                .reshape((b, nkv, group, l, n))?
-                .broadcast_add(m)?
-                .reshape((b, nkv, group * l, n))?,
-            None => scores,
-        };
-        let p = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(dtype)?;
-        // [b, nkv, group*l, hd] -> [b*l, nh*hd]
-        let o = p
-            .matmul(&vg)?
-            .reshape((b, nkv, group, l, hd))?
-            .permute((0, 3, 1, 2, 4))?
-            .contiguous()?
-            .reshape((b * l, nh * hd))?;
-        outs.push(o);
+        outs.push(attend_group(&qg, g, cache, dims)?);
     }
     let out = if outs.len() == 1 {
         outs.pop().expect("one group")
@@ -298,4 +239,115 @@ pub fn attend(
         Some(idx) => out.index_select(idx, 0),
         None => Ok(out),
     }
+}
+
+/// One group's attention over K/V already in the cache. `qg`: the group's roped queries
+/// `[rows * q_len, heads * hd]`; returns the same shape.
+fn attend_group(qg: &Tensor, g: &Group, cache: &TensorKv, dims: HeadDims) -> Result<Tensor> {
+    let HeadDims {
+        num_heads: nh,
+        num_kv_heads: nkv,
+        head_dim: hd,
+    } = dims;
+    let group = nh / nkv;
+    let dtype = cache.dtype();
+    let scale = 1.0 / (hd as f64).sqrt();
+    let (b, l, n) = (g.rows, g.q_len, g.kv_len);
+    // [b*l, nh*hd] -> [b, nkv, group*l, hd]
+    let qg = qg
+        .reshape((b, l, nkv, group, hd))?
+        .permute((0, 2, 3, 1, 4))?
+        .contiguous()?
+        .reshape((b, nkv, group * l, hd))?;
+    // [b*n, nkv*hd] -> K^T [b, nkv, hd, n], V [b, nkv, n, hd]
+    let kg = cache
+        .k
+        .index_select(&g.gather, 0)?
+        .reshape((b, n, nkv, hd))?
+        .permute((0, 2, 3, 1))?
+        .contiguous()?;
+    let vg = cache
+        .v
+        .index_select(&g.gather, 0)?
+        .reshape((b, n, nkv, hd))?
+        .permute((0, 2, 1, 3))?
+        .contiguous()?;
+    let scores = (qg.matmul(&kg)?.to_dtype(DType::F32)? * scale)?;
+    let scores = match &g.mask {
+        Some(m) => scores
+            .reshape((b, nkv, group, l, n))?
+            .broadcast_add(m)?
+            .reshape((b, nkv, group * l, n))?,
+        None => scores,
+    };
+    let p = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(dtype)?;
+    // [b, nkv, group*l, hd] -> [b*l, nh*hd]
+    p.matmul(&vg)?
+        .reshape((b, nkv, group, l, hd))?
+        .permute((0, 3, 1, 2, 4))?
+        .contiguous()?
+        .reshape((b * l, nh * hd))
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// A long extend row attended with batched matmuls (the fused kernel's cost grows with
+/// the square of the row length): its K/V must already be in the cache.
+pub(crate) struct CachedRow {
+    pub start: usize,
+    pub len: usize,
+    group: Group,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl CachedRow {
+    pub(crate) fn new(
+        r: &RowSpan,
+        table: &BlockTable,
+        block_size: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        Ok(Self {
+            start: r.start,
+            len: r.len,
+            group: extend_group(r, table, block_size, device)?,
+        })
+    }
+
+    /// `q`: all roped queries of the step; returns this row's attention `[len, heads * hd]`.
+    pub(crate) fn attend(&self, q: &Tensor, cache: &TensorKv, dims: HeadDims) -> Result<Tensor> {
+        attend_group(
+            &q.narrow(0, self.start, self.len)?,
+            &self.group,
+            cache,
+            dims,
+        )
+    }
+}
+
+fn extend_group(
+    r: &RowSpan,
+    table: &BlockTable,
+    block_size: usize,
+    device: &Device,
+) -> Result<Group> {
+    let n = r.past + r.len;
+    let gather: Vec<u32> = (0..n).map(|j| table.slot(j, block_size) as u32).collect();
+    let mut mask = Vec::with_capacity(r.len * n);
+    for q in 0..r.len {
+        for j in 0..n {
+            mask.push(if j <= r.past + q {
+                0f32
+            } else {
+                f32::NEG_INFINITY
+            });
+        }
+    }
+    Ok(Group {
+        rows: 1,
+        q_len: r.len,
+        kv_len: n,
+        queries: Span(r.start, r.len),
+        gather: Tensor::new(gather.as_slice(), device)?,
+        mask: Some(Tensor::from_vec(mask, (1, 1, 1, r.len, n), device)?),
+    })
 }

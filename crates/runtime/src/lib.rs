@@ -6,6 +6,10 @@
 pub mod attention;
 pub mod attention_device;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda_check;
+#[cfg(feature = "cuda")]
+pub mod cuda_kernels;
 pub mod error;
 pub mod kv;
 pub mod load;

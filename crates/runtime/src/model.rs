@@ -13,6 +13,13 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::ops::rms_norm;
 use std::sync::OnceLock;
 
+#[cfg(feature = "cuda")]
+#[path = "model_cuda.rs"]
+mod model_cuda;
+#[cfg(feature = "cuda")]
+#[path = "model_cuda_graph.rs"]
+mod model_cuda_graph;
+
 /// Input embeddings of token ids, `[n, hidden]`, shareable across threads (routers use it).
 pub type Embedder = std::sync::Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor> + Send + Sync>;
 
@@ -40,6 +47,38 @@ impl Linear {
         Ok(Self { w, b })
     }
 
+    /// One matmul for several projections of the same input (rows stacked), when all are
+    /// dense tensors of one dtype on a GPU: fewer launches, better GEMM shapes. None
+    /// otherwise (quantised CPU weights may differ in type).
+    fn fuse(parts: &[&Linear], device: &Device) -> candle_core::Result<Option<Linear>> {
+        if device.is_cpu() {
+            return Ok(None);
+        }
+        let mut ws = Vec::with_capacity(parts.len());
+        for p in parts {
+            match &p.w {
+                QMatMul::Tensor(w) => ws.push(w.clone()),
+                _ => return Ok(None),
+            }
+        }
+        if ws.windows(2).any(|w| w[0].dtype() != w[1].dtype()) {
+            return Ok(None);
+        }
+        let b = match parts
+            .iter()
+            .map(|p| p.b.clone())
+            .collect::<Option<Vec<_>>>()
+        {
+            Some(bs) => Some(Tensor::cat(&bs, 0)?),
+            None if parts.iter().all(|p| p.b.is_none()) => None,
+            None => return Ok(None),
+        };
+        Ok(Some(Linear {
+            w: QMatMul::Tensor(Tensor::cat(&ws, 0)?),
+            b,
+        }))
+    }
+
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let y = self.w.forward(x)?;
         match &self.b {
@@ -49,17 +88,26 @@ impl Linear {
     }
 }
 
+/// The q, k, v projections: separate, or fused into one `[q | k | v]` matmul.
+enum Qkv {
+    Split(Linear, Linear, Linear),
+    Fused(Linear),
+}
+
+/// The MLP's gate and up projections: separate, or fused into one `[gate | up]` matmul.
+enum GateUp {
+    Split(Linear, Linear),
+    Fused(Linear),
+}
+
 struct Layer {
     attn_norm: Tensor,
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    qkv: Qkv,
     o: Linear,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
     mlp_norm: Tensor,
-    gate: Linear,
-    up: Linear,
+    gate_up: GateUp,
     down: Linear,
 }
 
@@ -73,6 +121,16 @@ pub struct Transformer {
     rope: RopeTable,
     /// The rotary table as tensors, made on first use by the tensor-KV path.
     rope_dev: OnceLock<DeviceRope>,
+    /// f32 rotary table for the fused CUDA kernels, made on first use.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    rope_f32: OnceLock<(Tensor, Tensor)>,
+    /// Use the fused CUDA kernels (`model_cuda.rs`) when they apply.
+    fused_kernels: bool,
+    /// Replay decode steps from CUDA graphs (`model_cuda_graph.rs`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    cuda_graphs: bool,
+    #[cfg(feature = "cuda")]
+    graphs: std::sync::Mutex<Option<model_cuda_graph::DecodeGraphs>>,
     device: Device,
 }
 
@@ -103,17 +161,27 @@ impl Transformer {
                     Ok(None)
                 }
             };
+            let q = Linear::load(src, Role::Q, i, qd, h, cfg.qkv_bias)?;
+            let k = Linear::load(src, Role::K, i, kvd, h, cfg.qkv_bias)?;
+            let v = Linear::load(src, Role::V, i, kvd, h, cfg.qkv_bias)?;
+            let qkv = match Linear::fuse(&[&q, &k, &v], device)? {
+                Some(f) => Qkv::Fused(f),
+                None => Qkv::Split(q, k, v),
+            };
+            let gate = Linear::load(src, Role::Gate, i, cfg.intermediate_size, h, false)?;
+            let up = Linear::load(src, Role::Up, i, cfg.intermediate_size, h, false)?;
+            let gate_up = match Linear::fuse(&[&gate, &up], device)? {
+                Some(f) => GateUp::Fused(f),
+                None => GateUp::Split(gate, up),
+            };
             layers.push(Layer {
                 attn_norm: src.dense(Role::AttnNorm, i, Part::Weight, &[h])?,
-                q: Linear::load(src, Role::Q, i, qd, h, cfg.qkv_bias)?,
-                k: Linear::load(src, Role::K, i, kvd, h, cfg.qkv_bias)?,
-                v: Linear::load(src, Role::V, i, kvd, h, cfg.qkv_bias)?,
+                qkv,
                 o: Linear::load(src, Role::O, i, h, qd, false)?,
                 q_norm: qk_norm(src, Role::QNorm)?,
                 k_norm: qk_norm(src, Role::KNorm)?,
                 mlp_norm: src.dense(Role::MlpNorm, i, Part::Weight, &[h])?,
-                gate: Linear::load(src, Role::Gate, i, cfg.intermediate_size, h, false)?,
-                up: Linear::load(src, Role::Up, i, cfg.intermediate_size, h, false)?,
+                gate_up,
                 down: Linear::load(src, Role::Down, i, h, cfg.intermediate_size, false)?,
             });
         }
@@ -135,8 +203,36 @@ impl Transformer {
             lm_head,
             rope,
             rope_dev: OnceLock::new(),
+            rope_f32: OnceLock::new(),
+            // TOKENROUTER_FUSED_KERNELS=0 keeps the candle-op path (for comparisons).
+            fused_kernels: std::env::var("TOKENROUTER_FUSED_KERNELS").map_or(true, |v| v != "0"),
+            cuda_graphs: std::env::var("TOKENROUTER_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            #[cfg(feature = "cuda")]
+            graphs: std::sync::Mutex::new(None),
             device: device.clone(),
         })
+    }
+
+    /// Whether steps use the fused CUDA kernels (CUDA builds, bf16 weights on a GPU).
+    pub fn fused_kernels(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        {
+            self.fused_kernels && self.fused_path_supported()
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            false
+        }
+    }
+
+    /// Turn the fused CUDA kernels on or off (they stay off where unsupported).
+    pub fn set_fused_kernels(&mut self, on: bool) {
+        self.fused_kernels = on;
+    }
+
+    /// Turn CUDA graphs for decode steps on or off (they need the fused kernels).
+    pub fn set_cuda_graphs(&mut self, on: bool) {
+        self.cuda_graphs = on;
     }
 
     /// The dtype hidden states have (bf16 for dense bf16 weights, f32 otherwise).
@@ -192,6 +288,25 @@ impl Transformer {
         want_hidden: bool,
         all_logits: bool,
     ) -> Result<ForwardOutput> {
+        #[cfg(feature = "cuda")]
+        if let (true, KvStore::Device(caches)) = (self.fused_kernels(), &*kv) {
+            if self.graph_applies(rows, all_logits) {
+                if let Some(out) =
+                    self.forward_graph(ids, rows, tables, block_size, caches, want_hidden)?
+                {
+                    return Ok(out);
+                }
+            }
+            return Ok(self.forward_fused(
+                ids,
+                rows,
+                tables,
+                block_size,
+                caches,
+                want_hidden,
+                all_logits,
+            )?);
+        }
         let cfg = &self.cfg;
         let t = ids.len();
         let eps = cfg.rms_norm_eps as f32;
@@ -219,9 +334,21 @@ impl Transformer {
         };
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, eps)?;
-            let mut q = layer.q.forward(&h)?;
-            let mut k = layer.k.forward(&h)?;
-            let v = layer.v.forward(&h)?;
+            let (mut q, mut k, v) = match &layer.qkv {
+                Qkv::Split(q, k, v) => (q.forward(&h)?, k.forward(&h)?, v.forward(&h)?),
+                Qkv::Fused(f) => {
+                    let y = f.forward(&h)?;
+                    let (qd, kvd) = (
+                        cfg.num_heads * cfg.head_dim,
+                        cfg.num_kv_heads * cfg.head_dim,
+                    );
+                    (
+                        y.narrow(1, 0, qd)?.contiguous()?,
+                        y.narrow(1, qd, kvd)?.contiguous()?,
+                        y.narrow(1, qd + kvd, kvd)?.contiguous()?,
+                    )
+                }
+            };
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
                 let hd = cfg.head_dim;
                 q = rms_norm(&q.reshape((t * cfg.num_heads, hd))?, qn, eps)?;
@@ -254,8 +381,14 @@ impl Transformer {
             };
             x = (x + layer.o.forward(&attn)?)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?;
-            let g = layer.gate.forward(&h)?;
-            let u = layer.up.forward(&h)?;
+            let (g, u) = match &layer.gate_up {
+                GateUp::Split(g, u) => (g.forward(&h)?, u.forward(&h)?),
+                GateUp::Fused(f) => {
+                    let y = f.forward(&h)?;
+                    let i = cfg.intermediate_size;
+                    (y.narrow(1, 0, i)?, y.narrow(1, i, i)?)
+                }
+            };
             let m = (candle_nn::ops::silu(&g)? * u)?;
             x = (x + layer.down.forward(&m)?)?;
         }

@@ -66,7 +66,11 @@ impl Runner {
                     .collect(),
             )
         } else {
-            Self::tensor_kv(&model, capacity)?
+            let kv = Self::tensor_kv(&model, capacity)?;
+            // Weights were made on the loading thread's stream; sub-servers step on their
+            // own threads' streams, and the fused kernels read some weights by address.
+            model.device().synchronize()?;
+            kv
         };
         Ok(Self {
             model,
@@ -95,6 +99,16 @@ impl Runner {
 
     pub fn config(&self) -> &ModelConfig {
         &self.model.cfg
+    }
+
+    /// Turn the fused CUDA kernels on or off (see `Transformer::set_fused_kernels`).
+    pub fn set_fused_kernels(&mut self, on: bool) {
+        self.model.set_fused_kernels(on);
+    }
+
+    /// Turn CUDA graphs for decode steps on or off.
+    pub fn set_cuda_graphs(&mut self, on: bool) {
+        self.model.set_cuda_graphs(on);
     }
 
     pub fn model(&self) -> &Transformer {

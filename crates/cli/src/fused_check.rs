@@ -1,0 +1,128 @@
+//! `bench-model --check-fused CONFIG --device cuda:0` (GPU machine): (1) the paged-attention
+//! kernel against a dense f32 reference for random context lengths 1..4096 in mixed
+//! decode/extend batches; (2) a random-weight model of CONFIG's shape run through the same
+//! mixed script (prefills of 1..4096 tokens, then steps mixing decodes, extends, paused
+//! sequences and a newcomer) with the fused kernels and with plain candle ops: logits must
+//! agree to bf16 noise.
+
+use anyhow::{bail, Result};
+use std::path::Path;
+
+#[cfg(not(feature = "cuda"))]
+pub fn check_fused(_config: &Path, _device: &str) -> Result<()> {
+    bail!("--check-fused needs a build with the cuda feature (scripts/build_cuda.sh)")
+}
+
+#[cfg(feature = "cuda")]
+pub fn check_fused(config: &Path, device: &str) -> Result<()> {
+    use crate::device_bench::parse_device;
+    use tokenrouter_runtime::cuda_check::check_paged_attention;
+    let dev = parse_device(device)?;
+    let mut worst = 0f32;
+    println!("| heads (q/kv x dim) | rows | tokens | max ctx | max abs err | mean abs err | max abs ref |");
+    println!("|---|---|---|---|---|---|---|");
+    for c in check_paged_attention(&dev, 7, 4)? {
+        println!(
+            "| {}/{} x {} | {} | {} | {} | {:.2e} | {:.2e} | {:.2} |",
+            c.heads.num_heads,
+            c.heads.num_kv_heads,
+            c.heads.head_dim,
+            c.rows,
+            c.tokens,
+            c.max_context,
+            c.max_abs_err,
+            c.mean_abs_err,
+            c.max_abs_ref
+        );
+        worst = worst.max(c.max_abs_err);
+    }
+    println!("CHECK paged_attention max_abs_err {worst:.3e} (bf16 output rounding ~4e-3 of |ref|)");
+    let (fused, plain) = (
+        run_script(config, &dev, true)?,
+        run_script(config, &dev, false)?,
+    );
+    let (mut max_abs, mut min_cos, mut top1) = (0f32, 1f32, 0usize);
+    for (a, b) in fused.iter().zip(&plain) {
+        let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
+        for (x, y) in a.iter().zip(b) {
+            max_abs = max_abs.max((x - y).abs());
+            dot += (*x as f64) * (*y as f64);
+            na += (*x as f64).powi(2);
+            nb += (*y as f64).powi(2);
+        }
+        min_cos = min_cos.min((dot / (na.sqrt() * nb.sqrt()).max(1e-30)) as f32);
+        top1 += (argmax(a) == argmax(b)) as usize;
+    }
+    println!(
+        "CHECK fused_vs_candle rows {} max_abs {max_abs:.4} min_cosine {min_cos:.6} top1 {top1}/{}",
+        fused.len(),
+        fused.len()
+    );
+    if worst > 0.05 || min_cos < 0.999 {
+        bail!("fused kernels disagree with the reference");
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i)
+}
+
+/// Logits of every row of a fixed mixed script, with the fused kernels on or off.
+#[cfg(feature = "cuda")]
+fn run_script(config: &Path, dev: &candle_core::Device, fused: bool) -> Result<Vec<Vec<f32>>> {
+    use tokenrouter_runtime::{load_random, KvBudget, LoadOptions, Row, StepOptions};
+    let opts = LoadOptions {
+        device: dev.clone(),
+        kv: KvBudget::Tokens(16_384),
+        dtype: candle_core::DType::BF16,
+    };
+    let mut r = load_random(config, &opts, 42)?;
+    r.set_fused_kernels(fused);
+    if r.model().fused_kernels() != fused {
+        bail!("fused kernels unavailable for this model");
+    }
+    let vocab = r.config().vocab_size as u64;
+    let tok = |seq: u64, i: usize| ((seq * 7919 + i as u64 * 104_729 + 13) % vocab) as u32;
+    let lens = [1usize, 5, 64, 65, 700, 2048, 4096];
+    let mut len = vec![0usize; lens.len() + 1];
+    let mut out = Vec::new();
+    for (s, &n) in lens.iter().enumerate() {
+        let ids = (0..n).map(|i| tok(s as u64, i)).collect();
+        out.extend(
+            r.step(&[Row::new(s as u64, ids)], StepOptions::default())?
+                .logits_rows()?,
+        );
+        len[s] = n;
+    }
+    for step in 0..4usize {
+        let mut rows = Vec::new();
+        for s in 0..lens.len() {
+            let n = match (s + step) % 3 {
+                0 => 1,
+                1 => 2 + (step * 5 + s) % 14,
+                _ => 0, // paused: away at the other model
+            };
+            if n > 0 {
+                rows.push(Row::new(
+                    s as u64,
+                    (0..n).map(|i| tok(s as u64, len[s] + i)).collect(),
+                ));
+                len[s] += n;
+            }
+        }
+        if step == 2 {
+            let s = lens.len();
+            rows.push(Row::new(
+                s as u64,
+                (0..40).map(|i| tok(s as u64, i)).collect(),
+            ));
+        }
+        out.extend(r.step(&rows, StepOptions::default())?.logits_rows()?);
+    }
+    Ok(out)
+}

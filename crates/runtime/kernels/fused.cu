@@ -1,0 +1,252 @@
+// Fused bf16 kernels for the CUDA decode/extend step (compiled to PTX by build.rs when the
+// `cuda` feature is on; launched from src/cuda_kernels.rs). They replace ~25 small candle ops
+// per layer: the step of a small model is bound by kernel launches, and the gather-based
+// attention copied every row's K/V per layer.
+//
+//   qk_norm_rope_store: per token and head, optional RMSNorm of q/k heads (Qwen3), RoPE, and
+//                       the new K/V written into their paged-cache slots; q goes to q_out.
+//   paged_attention:    one block per (query token, q head): reads K/V in place through the
+//                       row's block table, online softmax in f32 over tiles of keys.
+//   silu_mul:           silu(gate) * up from the fused gate_up projection.
+//   add_rms_norm:       residual add (in place) followed by RMSNorm of the sum.
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+
+// All threads get the result. blockDim.x must be a multiple of 32; scratch >= 32 floats.
+__device__ float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : 0.f;
+    v = warp_sum(v);
+    __syncthreads();
+    return v;
+}
+
+__device__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : -INFINITY;
+    v = warp_max(v);
+    __syncthreads();
+    return v;
+}
+
+__device__ __forceinline__ float round_bf16(float x) {
+    return __bfloat162float(__float2bfloat16(x));
+}
+
+// grid (tokens, nh + 2 * nkv), block 128, shared (hd + 32) floats.
+// q/k/v rows of token t start at q + t * in_stride (etc.); slots[t] < 0: do not store K/V.
+extern "C" __global__ void qk_norm_rope_store_bf16(
+    const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+    long long in_stride, const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
+    float eps, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+    const int* __restrict__ pos, const int* __restrict__ slots, bf16* __restrict__ q_out,
+    bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int nh, int nkv, int hd,
+    int interleaved) {
+    extern __shared__ float smem[];
+    float* x = smem;
+    float* scratch = smem + hd;
+    const int t = blockIdx.x, h = blockIdx.y, half = hd / 2;
+    const int slot = slots[t];
+    const bf16* src;
+    const bf16* w = nullptr;
+    bf16* dst;
+    bool rope = true;
+    if (h < nh) {
+        src = q + t * in_stride + (long long)h * hd;
+        w = q_norm;
+        dst = q_out + ((long long)t * nh + h) * hd;
+    } else if (h < nh + nkv) {
+        if (slot < 0) return;
+        const int kh = h - nh;
+        src = k + t * in_stride + (long long)kh * hd;
+        w = k_norm;
+        dst = k_cache + ((long long)slot * nkv + kh) * hd;
+    } else {
+        if (slot < 0) return;
+        const int vh = h - nh - nkv;
+        src = v + t * in_stride + (long long)vh * hd;
+        dst = v_cache + ((long long)slot * nkv + vh) * hd;
+        rope = false;
+    }
+    if (!rope) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = src[i];
+        return;
+    }
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        const float f = __bfloat162float(src[i]);
+        x[i] = f;
+        ss += f * f;
+    }
+    if (w != nullptr) {
+        // Like HF's Qwen3RMSNorm: normalise in f32, round to bf16, then scale.
+        const float r = rsqrtf(block_sum(ss, scratch) / hd + eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            x[i] = round_bf16(round_bf16(x[i] * r) * __bfloat162float(w[i]));
+    }
+    __syncthreads();
+    const float* c = cos_t + (long long)pos[t] * half;
+    const float* s = sin_t + (long long)pos[t] * half;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const int a = interleaved ? 2 * i : i;
+        const int b = interleaved ? 2 * i + 1 : i + half;
+        const float xa = x[a], xb = x[b];
+        dst[a] = __float2bfloat16(xa * c[i] - xb * s[i]);
+        dst[b] = __float2bfloat16(xb * c[i] + xa * s[i]);
+    }
+}
+
+#define ATTN_TILE 512
+#define ATTN_THREADS 128
+
+// grid (tokens, nh), block ATTN_THREADS, shared: see attention_smem_bytes in cuda_kernels.rs.
+// Token t of row tok_row[t] (< 0: skip) at absolute position pos[t] attends to cache
+// positions 0..=pos[t] of its row (causal for extend rows: earlier tokens of the same step
+// are already in the cache). hd must be a multiple of 8 and at most 256.
+extern "C" __global__ void paged_attention_bf16(
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
+    const int* __restrict__ tok_row, const int* __restrict__ pos, bf16* __restrict__ out, int nh,
+    int nkv, int hd, int block_size, float scale) {
+    const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, bd = blockDim.x;
+    const int row = tok_row[t];
+    if (row < 0) return;
+    const int n = pos[t] + 1;
+    const int kvh = h / (nh / nkv);
+    extern __shared__ float smem[];
+    float* qs = smem;                           // hd
+    float* sc = qs + hd;                        // ATTN_TILE
+    int* slot_s = (int*)(sc + ATTN_TILE);       // ATTN_TILE
+    float* scratch = (float*)(slot_s + ATTN_TILE);  // 32
+    float* red = scratch + 32;                  // groups * hd
+    const long long kv_row = (long long)nkv * hd;
+    const int* bt = block_tables + (long long)row * max_blocks;
+    const bf16* qp = q + ((long long)t * nh + h) * hd;
+    for (int i = tid; i < hd; i += bd) qs[i] = __bfloat162float(qp[i]) * scale;
+    __syncthreads();
+    // V accumulation layout: `groups` groups of `tpg` threads, each thread owns `dpt` dims.
+    const int tpg = hd < bd ? hd : bd;
+    const int groups = bd / tpg;
+    const int g = tid / tpg, d0 = tid % tpg, dpt = hd / tpg;
+    float acc[2] = {0.f, 0.f};
+    float m = -INFINITY, l = 0.f;
+    for (int t0 = 0; t0 < n; t0 += ATTN_TILE) {
+        const int tn = min(ATTN_TILE, n - t0);
+        float lmax = -INFINITY;
+        for (int j = tid; j < tn; j += bd) {
+            const int p = t0 + j;
+            const int slot = bt[p / block_size] * block_size + p % block_size;
+            slot_s[j] = slot;
+            const bf16* kp = k_cache + (long long)slot * kv_row + (long long)kvh * hd;
+            float dot = 0.f;
+            for (int d = 0; d < hd; d += 8) {
+                const uint4 raw = *reinterpret_cast<const uint4*>(kp + d);
+                const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 f = __bfloat1622float2(k2[e]);
+                    dot += qs[d + 2 * e] * f.x + qs[d + 2 * e + 1] * f.y;
+                }
+            }
+            sc[j] = dot;
+            lmax = fmaxf(lmax, dot);
+        }
+        const float m_new = fmaxf(m, block_max(lmax, scratch));
+        float lsum = 0.f;
+        for (int j = tid; j < tn; j += bd) {
+            const float e = __expf(sc[j] - m_new);
+            sc[j] = e;
+            lsum += e;
+        }
+        const float tsum = block_sum(lsum, scratch);
+        const float corr = __expf(m - m_new);
+        l = l * corr + tsum;
+        m = m_new;
+        acc[0] *= corr;
+        acc[1] *= corr;
+        if (g < groups) {
+            for (int j = g; j < tn; j += groups) {
+                const bf16* vp = v_cache + (long long)slot_s[j] * kv_row + (long long)kvh * hd;
+                const float pj = sc[j];
+                for (int e = 0; e < dpt; e++) acc[e] += pj * __bfloat162float(vp[d0 + e * tpg]);
+            }
+        }
+        __syncthreads();
+    }
+    if (g < groups)
+        for (int e = 0; e < dpt; e++) red[g * hd + d0 + e * tpg] = acc[e];
+    __syncthreads();
+    bf16* op = out + ((long long)t * nh + h) * hd;
+    const float inv = 1.f / l;
+    for (int i = tid; i < hd; i += bd) {
+        float s = 0.f;
+        for (int gg = 0; gg < groups; gg++) s += red[gg * hd + i];
+        op[i] = __float2bfloat16(s * inv);
+    }
+}
+
+// out[t, i] = silu(gu[t, i]) * gu[t, inter + i]; rounding like HF's bf16 `act(gate) * up`.
+extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gu, bf16* __restrict__ out,
+                                         long long tokens, long long inter) {
+    const long long total = tokens * inter;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const long long t = idx / inter, i = idx % inter;
+        const float g = __bfloat162float(gu[t * 2 * inter + i]);
+        const float u = __bfloat162float(gu[t * 2 * inter + inter + i]);
+        out[idx] = __float2bfloat16(round_bf16(g / (1.f + __expf(-g))) * u);
+    }
+}
+
+// grid (tokens), block 256, shared (hidden + 32) floats. With y != null: x += y in place
+// (rounded to bf16 like the bf16 residual stream); then out = RMSNorm(x) * w.
+extern "C" __global__ void add_rms_norm_bf16(bf16* __restrict__ x, const bf16* __restrict__ y,
+                                             const bf16* __restrict__ w, bf16* __restrict__ out,
+                                             int hidden, float eps) {
+    extern __shared__ float smem[];
+    float* buf = smem;
+    float* scratch = smem + hidden;
+    const long long base = (long long)blockIdx.x * hidden;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float v = __bfloat162float(x[base + i]);
+        if (y != nullptr) {
+            v = round_bf16(v + __bfloat162float(y[base + i]));
+            x[base + i] = __float2bfloat16(v);
+        }
+        buf[i] = v;
+        ss += v * v;
+    }
+    const float r = rsqrtf(block_sum(ss, scratch) / hidden + eps);
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        out[base + i] = __float2bfloat16(round_bf16(buf[i] * r) * __bfloat162float(w[i]));
+}
+
+// grid (tokens), block 256: out[t] = weight[ids[t]] (token embeddings from ids in device
+// memory, so CUDA graphs can replay with new ids).
+extern "C" __global__ void embed_gather_bf16(const bf16* __restrict__ weight,
+                                             const int* __restrict__ ids, bf16* __restrict__ out,
+                                             int hidden) {
+    const long long t = blockIdx.x;
+    const bf16* src = weight + (long long)ids[t] * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[t * hidden + i] = src[i];
+}

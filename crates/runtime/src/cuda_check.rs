@@ -1,0 +1,158 @@
+//! On-device checks of the fused CUDA kernels, run by `tokenrouter bench-model --check-fused`
+//! on the GPU machine (CI has no GPU): the paged-attention kernel against a dense f32
+//! reference for random context lengths 1..4096 in mixed decode/extend batches over
+//! shuffled cache blocks.
+
+use crate::attention::{HeadDims, RowSpan};
+use crate::attention_device::{CachedRow, TensorKv};
+use crate::cuda_kernels::{ptr, PagedAttention};
+use crate::kv::BlockTable;
+use candle_core::{DType, Device, Result, Tensor};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+/// Outcome of one attention check batch.
+#[derive(Debug)]
+pub struct AttentionCheck {
+    pub heads: HeadDims,
+    pub rows: usize,
+    pub tokens: usize,
+    pub max_context: usize,
+    /// Largest |kernel - reference| over all outputs, and the largest |reference|.
+    pub max_abs_err: f32,
+    pub mean_abs_err: f32,
+    pub max_abs_ref: f32,
+}
+
+/// Run `batches` random batches for each head layout; rows have contexts drawn from
+/// 1..=4096 and are decode rows (1 query) or extend rows (2..=64 queries).
+pub fn check_paged_attention(
+    device: &Device,
+    seed: u64,
+    batches: usize,
+) -> Result<Vec<AttentionCheck>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let layouts = [
+        HeadDims {
+            num_heads: 16,
+            num_kv_heads: 8,
+            head_dim: 128,
+        },
+        HeadDims {
+            num_heads: 64,
+            num_kv_heads: 8,
+            head_dim: 128,
+        },
+        HeadDims {
+            num_heads: 14,
+            num_kv_heads: 2,
+            head_dim: 64,
+        },
+    ];
+    let block_size = 16;
+    let mut out = Vec::new();
+    for dims in layouts {
+        for _ in 0..batches {
+            out.push(one_batch(device, &mut rng, dims, block_size)?);
+        }
+    }
+    Ok(out)
+}
+
+fn one_batch(
+    device: &Device,
+    rng: &mut StdRng,
+    dims: HeadDims,
+    block_size: usize,
+) -> Result<AttentionCheck> {
+    let n_rows = rng.random_range(1..=8usize);
+    // (context incl. new tokens, new tokens)
+    let mut shape = Vec::new();
+    for i in 0..n_rows {
+        let ctx = if i == 0 {
+            4096
+        } else {
+            rng.random_range(1..=4096usize)
+        };
+        let q_len = if rng.random_bool(0.5) {
+            1
+        } else {
+            rng.random_range(2..=64usize).min(ctx)
+        };
+        shape.push((ctx, q_len));
+    }
+    let total_blocks: usize = shape.iter().map(|(c, _)| c.div_ceil(block_size)).sum();
+    let mut ids: Vec<u32> = (0..total_blocks as u32).collect();
+    ids.shuffle(rng);
+    let mut tables = Vec::new();
+    let mut rows = Vec::new();
+    let mut start = 0;
+    let mut next = 0;
+    for &(ctx, q_len) in &shape {
+        let nb = ctx.div_ceil(block_size);
+        tables.push(BlockTable {
+            blocks: ids[next..next + nb].to_vec(),
+            len: ctx,
+        });
+        next += nb;
+        rows.push(RowSpan {
+            start,
+            len: q_len,
+            past: ctx - q_len,
+        });
+        start += q_len;
+    }
+    let tokens = start;
+    let row_w = dims.num_kv_heads * dims.head_dim;
+    let slots = total_blocks * block_size;
+    let k = Tensor::randn(0f32, 1.0, (slots, row_w), device)?.to_dtype(DType::BF16)?;
+    let v = Tensor::randn(0f32, 1.0, (slots, row_w), device)?.to_dtype(DType::BF16)?;
+    let q = Tensor::randn(0f32, 1.0, (tokens, dims.num_heads * dims.head_dim), device)?
+        .to_dtype(DType::BF16)?;
+    let max_blocks = tables.iter().map(|t| t.blocks.len()).max().unwrap_or(1);
+    let mut meta = vec![0u32; 2 * tokens + n_rows * max_blocks];
+    for (i, r) in rows.iter().enumerate() {
+        for j in 0..r.len {
+            meta[r.start + j] = (r.past + j) as u32;
+            meta[tokens + r.start + j] = i as u32;
+        }
+        let at = 2 * tokens + i * max_blocks;
+        meta[at..at + tables[i].blocks.len()].copy_from_slice(&tables[i].blocks);
+    }
+    let meta = Tensor::from_vec(meta, 2 * tokens + n_rows * max_blocks, device)?;
+    let base = ptr(Some(&meta))?;
+    let got = q.apply_op1_no_bwd(&PagedAttention {
+        num_heads: dims.num_heads,
+        num_kv_heads: dims.num_kv_heads,
+        head_dim: dims.head_dim,
+        block_size,
+        max_blocks,
+        k_cache: ptr(Some(&k))?,
+        v_cache: ptr(Some(&v))?,
+        block_tables: base + (8 * tokens) as u64,
+        tok_row: base + (4 * tokens) as u64,
+        pos: base,
+    })?;
+    // Reference: the matmul path in f32 over the same (bf16-valued) inputs.
+    let cache = TensorKv {
+        k: k.to_dtype(DType::F32)?,
+        v: v.to_dtype(DType::F32)?,
+    };
+    let qf = q.to_dtype(DType::F32)?;
+    let mut want = Vec::new();
+    for (r, t) in rows.iter().zip(&tables) {
+        want.push(CachedRow::new(r, t, block_size, device)?.attend(&qf, &cache, dims)?);
+    }
+    let want = Tensor::cat(&want, 0)?;
+    let diff = (got.to_dtype(DType::F32)? - &want)?.abs()?;
+    Ok(AttentionCheck {
+        heads: dims,
+        rows: n_rows,
+        tokens,
+        max_context: shape.iter().map(|s| s.0).max().unwrap_or(0),
+        max_abs_err: diff.max_all()?.to_scalar::<f32>()?,
+        mean_abs_err: diff.mean_all()?.to_scalar::<f32>()?,
+        max_abs_ref: want.abs()?.max_all()?.to_scalar::<f32>()?,
+    })
+}

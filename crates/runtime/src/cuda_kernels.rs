@@ -1,0 +1,413 @@
+//! Launchers for our fused bf16 CUDA kernels (kernels/fused.cu, compiled to PTX by build.rs).
+//! Each kernel is a candle custom op, so its output is an ordinary tensor on candle's stream
+//! and allocator; tensors a kernel reads besides its inputs (KV cache, step metadata, norm
+//! weights) are passed as raw device pointers taken from tensors the caller keeps alive.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage};
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor,
+};
+use half::bf16;
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
+const MODULE: &str = "tokenrouter_fused";
+/// Must match ATTN_TILE / ATTN_THREADS in fused.cu.
+const ATTN_TILE: usize = 512;
+const ATTN_THREADS: u32 = 128;
+
+fn err(msg: impl std::fmt::Display) -> candle_core::Error {
+    candle_core::Error::Msg(format!("fused CUDA kernel: {msg}"))
+}
+
+fn cpu_unsupported(name: &str) -> Result<(CpuStorage, Shape)> {
+    Err(err(format!("{name} runs on CUDA only")))
+}
+
+/// The device address of a contiguous CUDA tensor's first element (0 for `None`).
+pub fn ptr(t: Option<&Tensor>) -> Result<u64> {
+    let Some(t) = t else { return Ok(0) };
+    let (storage, layout) = t.storage_and_layout();
+    if !layout.is_contiguous() {
+        return Err(err("expected a contiguous tensor"));
+    }
+    let Storage::Cuda(cs) = &*storage else {
+        return Err(err("expected a CUDA tensor"));
+    };
+    slice_ptr(cs, layout)
+}
+
+fn slice_ptr(cs: &CudaStorage, layout: &Layout) -> Result<u64> {
+    let stream = cs.device.cuda_stream();
+    let base = match cs.dtype() {
+        DType::BF16 => cs.as_cuda_slice::<bf16>()?.device_ptr(&stream).0,
+        DType::F32 => cs.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
+        DType::U32 => cs.as_cuda_slice::<u32>()?.device_ptr(&stream).0,
+        d => return Err(err(format!("unsupported dtype {d:?}"))),
+    };
+    Ok(base + (layout.start_offset() * cs.dtype().size_in_bytes()) as u64)
+}
+
+fn input_ptr(cs: &CudaStorage, layout: &Layout, what: &str) -> Result<u64> {
+    if !layout.is_contiguous() || cs.dtype() != DType::BF16 {
+        return Err(err(format!("{what} must be contiguous bf16")));
+    }
+    slice_ptr(cs, layout)
+}
+
+fn alloc_bf16(
+    dev: &CudaDevice,
+    n: usize,
+) -> Result<(
+    candle_core::cuda_backend::cudarc::driver::CudaSlice<bf16>,
+    u64,
+)> {
+    // SAFETY: every element is written by the kernel that follows.
+    let out = unsafe { dev.alloc::<bf16>(n.max(1)) }?;
+    let p = out.device_ptr(&dev.cuda_stream()).0;
+    Ok((out, p))
+}
+
+/// Launch kernel `$name` of our module on the device's stream with the given arguments
+/// (references; they must match the kernel signature in fused.cu).
+macro_rules! launch {
+    ($dev:expr, $name:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
+        let func = $dev.get_or_load_custom_func($name, MODULE, PTX)?;
+        let mut b = func.builder();
+        $( b.arg($arg); )*
+        // SAFETY: argument lists match the kernel signatures in fused.cu; pointers come
+        // from live tensors of the sizes the kernels index (checked by the callers).
+        unsafe { b.launch($cfg) }.map_err(|e| err(format!("{}: {e}", $name)))?;
+    }};
+}
+
+/// Token embeddings `weight[ids[t]]` for `tokens` ids read from device memory.
+pub struct EmbedGather {
+    pub ids: u64,
+    pub tokens: usize,
+}
+
+impl CustomOp1 for EmbedGather {
+    fn name(&self) -> &'static str {
+        "embed_gather"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        cpu_unsupported("embed_gather")
+    }
+
+    /// Input: the embedding table `[vocab, hidden]`; output `[tokens, hidden]`.
+    fn cuda_fwd(&self, w: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (_, hidden) = layout.shape().dims2()?;
+        let w_p = input_ptr(w, layout, "embedding table")?;
+        let dev = &w.device;
+        let (out, out_p) = alloc_bf16(dev, self.tokens * hidden)?;
+        let cfg = LaunchConfig {
+            grid_dim: (self.tokens as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let h_i = hidden as i32;
+        launch!(dev, "embed_gather_bf16", cfg, &w_p, &self.ids, &out_p, &h_i);
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((self.tokens, hidden)),
+        ))
+    }
+}
+
+/// Per-head q/k RMSNorm (optional), RoPE, and the K/V store into the paged cache.
+pub struct NormRopeStore {
+    pub tokens: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub eps: f32,
+    pub cos: u64,
+    pub sin: u64,
+    pub pos: u64,
+    pub slots: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub interleaved: bool,
+}
+
+impl CustomOp1 for NormRopeStore {
+    fn name(&self) -> &'static str {
+        "qk_norm_rope_store"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        cpu_unsupported(self.name())
+    }
+
+    /// Input: the fused qkv projection `[tokens, (nh + 2 nkv) * hd]`; output: roped q.
+    fn cuda_fwd(&self, qkv: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (nh, nkv, hd, t) = (
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.tokens,
+        );
+        let width = (nh + 2 * nkv) * hd;
+        if layout.shape().dims() != [t, width] {
+            return Err(err(format!(
+                "qkv shape {:?}, want [{t}, {width}]",
+                layout.shape()
+            )));
+        }
+        let base = input_ptr(qkv, layout, "qkv")?;
+        let dev = &qkv.device;
+        let (out, out_p) = alloc_bf16(dev, t * nh * hd)?;
+        let (q, k, v) = (
+            base,
+            base + (nh * hd * 2) as u64,
+            base + ((nh + nkv) * hd * 2) as u64,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, (nh + 2 * nkv) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: ((hd + 32) * 4) as u32,
+        };
+        let (stride, nh_i, nkv_i, hd_i, inter) = (
+            width as i64,
+            nh as i32,
+            nkv as i32,
+            hd as i32,
+            self.interleaved as i32,
+        );
+        launch!(
+            dev,
+            "qk_norm_rope_store_bf16",
+            cfg,
+            &q,
+            &k,
+            &v,
+            &stride,
+            &self.q_norm,
+            &self.k_norm,
+            &self.eps,
+            &self.cos,
+            &self.sin,
+            &self.pos,
+            &self.slots,
+            &out_p,
+            &self.k_cache,
+            &self.v_cache,
+            &nh_i,
+            &nkv_i,
+            &hd_i,
+            &inter
+        );
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((t, nh * hd)),
+        ))
+    }
+}
+
+/// Attention of every token whose `tok_row` is >= 0 over its row's paged cache.
+pub struct PagedAttention {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub max_blocks: usize,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub block_tables: u64,
+    pub tok_row: u64,
+    pub pos: u64,
+}
+
+impl PagedAttention {
+    fn smem_bytes(&self) -> u32 {
+        let hd = self.head_dim;
+        let groups = (ATTN_THREADS as usize / hd.min(ATTN_THREADS as usize)).max(1);
+        ((hd + 2 * ATTN_TILE + 32 + groups * hd) * 4) as u32
+    }
+}
+
+impl CustomOp1 for PagedAttention {
+    fn name(&self) -> &'static str {
+        "paged_attention"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        cpu_unsupported(self.name())
+    }
+
+    /// Input: roped q `[tokens, nh * hd]`; output: attention `[tokens, nh * hd]` (rows of
+    /// skipped tokens are left unwritten).
+    fn cuda_fwd(&self, q: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        if hd % 8 != 0 || hd > 256 || nkv == 0 || nh % nkv != 0 {
+            return Err(err(format!("unsupported heads {nh}/{nkv} x {hd}")));
+        }
+        let (t, width) = layout.shape().dims2()?;
+        if width != nh * hd {
+            return Err(err(format!("q width {width}, want {}", nh * hd)));
+        }
+        let q_p = input_ptr(q, layout, "q")?;
+        let dev = &q.device;
+        let (out, out_p) = alloc_bf16(dev, t * width)?;
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, nh as u32, 1),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: self.smem_bytes(),
+        };
+        let scale = 1.0f32 / (hd as f32).sqrt();
+        let ints = [
+            self.max_blocks as i32,
+            nh as i32,
+            nkv as i32,
+            hd as i32,
+            self.block_size as i32,
+        ];
+        launch!(
+            dev,
+            "paged_attention_bf16",
+            cfg,
+            &q_p,
+            &self.k_cache,
+            &self.v_cache,
+            &self.block_tables,
+            &ints[0],
+            &self.tok_row,
+            &self.pos,
+            &out_p,
+            &ints[1],
+            &ints[2],
+            &ints[3],
+            &ints[4],
+            &scale
+        );
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((t, width)),
+        ))
+    }
+}
+
+/// `silu(gate) * up` from the fused `[tokens, 2 * inter]` projection.
+pub struct SiluMul;
+
+impl CustomOp1 for SiluMul {
+    fn name(&self) -> &'static str {
+        "silu_mul"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        cpu_unsupported(self.name())
+    }
+
+    fn cuda_fwd(&self, gu: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (t, w2) = layout.shape().dims2()?;
+        let inter = w2 / 2;
+        let gu_p = input_ptr(gu, layout, "gate_up")?;
+        let dev = &gu.device;
+        let (out, out_p) = alloc_bf16(dev, t * inter)?;
+        let total = (t * inter) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (total.div_ceil(256).clamp(1, 65_535), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (t_i, inter_i) = (t as i64, inter as i64);
+        launch!(dev, "silu_mul_bf16", cfg, &gu_p, &out_p, &t_i, &inter_i);
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((t, inter)),
+        ))
+    }
+}
+
+/// `x += y` in place (when `y` is given), then `RMSNorm(x) * weight`.
+pub struct AddRmsNorm {
+    pub weight: u64,
+    pub eps: f32,
+}
+
+/// Largest hidden size whose row fits the kernel's shared memory (48 KiB).
+pub const ADD_RMS_NORM_MAX_HIDDEN: usize = 12_000;
+
+impl AddRmsNorm {
+    fn run(&self, x: &CudaStorage, xl: &Layout, y: u64) -> Result<(CudaStorage, Shape)> {
+        let (t, hidden) = xl.shape().dims2()?;
+        if hidden > ADD_RMS_NORM_MAX_HIDDEN {
+            return Err(err(format!("hidden size {hidden} too large")));
+        }
+        let x_p = input_ptr(x, xl, "x")?;
+        let dev = &x.device;
+        let (out, out_p) = alloc_bf16(dev, t * hidden)?;
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: ((hidden + 32) * 4) as u32,
+        };
+        let h_i = hidden as i32;
+        launch!(
+            dev,
+            "add_rms_norm_bf16",
+            cfg,
+            &x_p,
+            &y,
+            &self.weight,
+            &out_p,
+            &h_i,
+            &self.eps
+        );
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((t, hidden)),
+        ))
+    }
+}
+
+impl CustomOp1 for AddRmsNorm {
+    fn name(&self) -> &'static str {
+        "rms_norm"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        cpu_unsupported("rms_norm")
+    }
+
+    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.run(x, xl, 0)
+    }
+}
+
+impl CustomOp2 for AddRmsNorm {
+    fn name(&self) -> &'static str {
+        "add_rms_norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        cpu_unsupported("add_rms_norm")
+    }
+
+    /// Writes `x + y` into `x` (the residual stream), returns the normalised sum.
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        y: &CudaStorage,
+        yl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        if xl.shape() != yl.shape() {
+            return Err(err("add_rms_norm operands differ in shape"));
+        }
+        let y_p = input_ptr(y, yl, "y")?;
+        self.run(x, xl, y_p)
+    }
+}

@@ -1,0 +1,255 @@
+//! The CUDA step with our fused kernels (`cuda_kernels.rs`): per layer one fused qkv matmul,
+//! one norm+RoPE+KV-store kernel, one paged-attention kernel, the o projection, two
+//! add+RMSNorm kernels, one fused gate_up matmul, one silu*mul kernel and the down
+//! projection: 9 launches instead of ~32 candle ops. Long extend rows (first contact with a
+//! long prompt) are attended with batched matmuls instead, whose cost does not grow with the
+//! square of the row length.
+
+use super::{ForwardOutput, GateUp, Qkv, Transformer};
+use crate::attention::{HeadDims, RowSpan};
+use crate::attention_device::{CachedRow, TensorKv};
+use crate::cuda_kernels::{ptr, AddRmsNorm, EmbedGather, NormRopeStore, PagedAttention, SiluMul};
+use crate::kv::BlockTable;
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, Module, Result, Tensor};
+
+/// Rows longer than this go through the matmul path.
+const KERNEL_MAX_ROW: usize = 64;
+
+/// Device addresses of a step's layout arrays (i32), as the kernels read them.
+pub(super) struct MetaPtrs {
+    pub tokens: usize,
+    pub pos: u64,
+    pub slots: u64,
+    /// Row of each token in `tables`, or -1: not attended by the kernel.
+    pub tok_row: u64,
+    /// `[rows, max_blocks]` block ids.
+    pub tables: u64,
+    pub max_blocks: usize,
+    pub block_size: usize,
+}
+
+/// What the kernels need to know about a step's layout, uploaded in one copy.
+struct StepMeta {
+    /// `[ids | pos | slots | tok_row | block tables]` as i32 on the device.
+    buf: Tensor,
+    tokens: usize,
+    max_blocks: usize,
+    long_rows: Vec<CachedRow>,
+}
+
+impl StepMeta {
+    fn new(
+        ids: &[u32],
+        rows: &[RowSpan],
+        tables: &[&BlockTable],
+        block_size: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        let tokens: usize = rows.iter().map(|r| r.len).sum();
+        let max_blocks = rows
+            .iter()
+            .filter(|r| r.len <= KERNEL_MAX_ROW)
+            .map(|r| (r.past + r.len).div_ceil(block_size))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut buf = vec![0u32; 4 * tokens + rows.len() * max_blocks];
+        buf[..tokens].copy_from_slice(ids);
+        let mut long_rows = Vec::new();
+        for (i, (r, t)) in rows.iter().zip(tables).enumerate() {
+            let short = r.len <= KERNEL_MAX_ROW;
+            for j in 0..r.len {
+                let p = r.past + j;
+                buf[tokens + r.start + j] = p as u32;
+                buf[2 * tokens + r.start + j] = t.slot(p, block_size) as u32;
+                buf[3 * tokens + r.start + j] = if short { i as u32 } else { u32::MAX };
+            }
+            if short {
+                let n = (r.past + r.len).div_ceil(block_size);
+                let at = 4 * tokens + i * max_blocks;
+                buf[at..at + n].copy_from_slice(&t.blocks[..n]);
+            } else {
+                long_rows.push(CachedRow::new(r, t, block_size, device)?);
+            }
+        }
+        Ok(Self {
+            buf: Tensor::from_vec(buf, 4 * tokens + rows.len() * max_blocks, device)?,
+            tokens,
+            max_blocks,
+            long_rows,
+        })
+    }
+
+    /// Device address of section `k` (0 ids, 1 pos, 2 slots, 3 tok_row, 4 block tables).
+    fn section(&self, base: u64, k: usize) -> u64 {
+        base + (k * self.tokens * 4) as u64
+    }
+}
+
+impl Transformer {
+    /// The fused path applies: CUDA, bf16 weights and cache, fused projections, shapes the
+    /// kernels support.
+    pub(super) fn fused_path_supported(&self) -> bool {
+        let cfg = &self.cfg;
+        !self.device.is_cpu()
+            && self.dtype() == DType::BF16
+            && cfg.head_dim % 8 == 0
+            && cfg.head_dim <= 256
+            && cfg.hidden_size <= crate::cuda_kernels::ADD_RMS_NORM_MAX_HIDDEN
+            && self
+                .layers
+                .iter()
+                .all(|l| matches!(l.qkv, Qkv::Fused(_)) && matches!(l.gate_up, GateUp::Fused(_)))
+    }
+
+    fn rope_f32(&self) -> Result<&(Tensor, Tensor)> {
+        if let Some(r) = self.rope_f32.get() {
+            return Ok(r);
+        }
+        let (cos, sin, half, _) = self.rope.parts();
+        let n = cos.len() / half.max(1);
+        let r = (
+            Tensor::from_slice(cos, (n, half), &self.device)?,
+            Tensor::from_slice(sin, (n, half), &self.device)?,
+        );
+        Ok(self.rope_f32.get_or_init(|| r))
+    }
+
+    /// The token embeddings of `tokens` ids at device address `ids`.
+    pub(super) fn embed_ids(&self, ids: u64, tokens: usize) -> Result<Tensor> {
+        match &self.embed {
+            QMatMul::Tensor(w) => w.apply_op1_no_bwd(&EmbedGather { ids, tokens }),
+            _ => Err(candle_core::Error::Msg(
+                "fused path needs a dense embedding".into(),
+            )),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn forward_fused(
+        &self,
+        ids: &[u32],
+        rows: &[RowSpan],
+        tables: &[&BlockTable],
+        block_size: usize,
+        caches: &[TensorKv],
+        want_hidden: bool,
+        all_logits: bool,
+    ) -> Result<ForwardOutput> {
+        let meta = StepMeta::new(ids, rows, tables, block_size, &self.device)?;
+        let base = ptr(Some(&meta.buf))?;
+        let x = self.embed_ids(meta.section(base, 0), meta.tokens)?;
+        let layout = MetaPtrs {
+            tokens: meta.tokens,
+            pos: meta.section(base, 1),
+            slots: meta.section(base, 2),
+            tok_row: meta.section(base, 3),
+            tables: meta.section(base, 4),
+            max_blocks: meta.max_blocks,
+            block_size,
+        };
+        let h = self.layers_fused(x, &layout, &meta.long_rows, caches)?;
+        let hn = if all_logits || meta.tokens == rows.len() {
+            h
+        } else {
+            let last: Vec<u32> = rows.iter().map(|r| (r.start + r.len - 1) as u32).collect();
+            h.index_select(&Tensor::new(last, &self.device)?, 0)?
+        };
+        let logits = self.lm_head.forward(&hn)?.to_dtype(DType::F32)?;
+        Ok(ForwardOutput {
+            logits,
+            hidden: if want_hidden {
+                Some(hn.to_dtype(DType::F32)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// All decoder layers over embedded tokens `x` (updated in place as the residual
+    /// stream); returns the final-norm hidden state of every token.
+    pub(super) fn layers_fused(
+        &self,
+        x: Tensor,
+        m: &MetaPtrs,
+        long_rows: &[CachedRow],
+        caches: &[TensorKv],
+    ) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let eps = cfg.rms_norm_eps as f32;
+        let dims = HeadDims {
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+        };
+        let (cos, sin) = self.rope_f32()?;
+        let (cos_p, sin_p) = (ptr(Some(cos))?, ptr(Some(sin))?);
+        let interleaved = self.rope.parts().3 == crate::config::RopeStyle::Interleaved;
+        let first_norm = self.layers.first().map_or(&self.norm, |l| &l.attn_norm);
+        let mut h = x.apply_op1_no_bwd(&AddRmsNorm {
+            weight: ptr(Some(first_norm))?,
+            eps,
+        })?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let (Qkv::Fused(qkv_proj), GateUp::Fused(gate_up)) = (&layer.qkv, &layer.gate_up)
+            else {
+                return Err(candle_core::Error::Msg(
+                    "fused path needs fused weights".into(),
+                ));
+            };
+            let cache = &caches[li];
+            let (k_cache, v_cache) = (ptr(Some(&cache.k))?, ptr(Some(&cache.v))?);
+            let q = qkv_proj.forward(&h)?.apply_op1_no_bwd(&NormRopeStore {
+                tokens: m.tokens,
+                num_heads: dims.num_heads,
+                num_kv_heads: dims.num_kv_heads,
+                head_dim: dims.head_dim,
+                q_norm: ptr(layer.q_norm.as_ref())?,
+                k_norm: ptr(layer.k_norm.as_ref())?,
+                eps,
+                cos: cos_p,
+                sin: sin_p,
+                pos: m.pos,
+                slots: m.slots,
+                k_cache,
+                v_cache,
+                interleaved,
+            })?;
+            let attn = q.apply_op1_no_bwd(&PagedAttention {
+                num_heads: dims.num_heads,
+                num_kv_heads: dims.num_kv_heads,
+                head_dim: dims.head_dim,
+                block_size: m.block_size,
+                max_blocks: m.max_blocks,
+                k_cache,
+                v_cache,
+                block_tables: m.tables,
+                tok_row: m.tok_row,
+                pos: m.pos,
+            })?;
+            for long in long_rows {
+                attn.slice_set(&long.attend(&q, cache, dims)?, 0, long.start)?;
+            }
+            let o = layer.o.forward(&attn)?;
+            h = x.apply_op2_no_bwd(
+                &o,
+                &AddRmsNorm {
+                    weight: ptr(Some(&layer.mlp_norm))?,
+                    eps,
+                },
+            )?;
+            let act = gate_up.forward(&h)?.apply_op1_no_bwd(&SiluMul)?;
+            let d = layer.down.forward(&act)?;
+            let next_norm = self.layers.get(li + 1).map_or(&self.norm, |l| &l.attn_norm);
+            h = x.apply_op2_no_bwd(
+                &d,
+                &AddRmsNorm {
+                    weight: ptr(Some(next_norm))?,
+                    eps,
+                },
+            )?;
+        }
+        Ok(h)
+    }
+}

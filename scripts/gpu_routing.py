@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""End-to-end routing throughput on the GPU machine (issue 6 table): Qwen3-0.6B and
+Qwen3-32B shapes with random bf16 weights (config/random/Qwen3-0.6B_Qwen3-32B_random-weights.yaml),
+seeded random routing at p = 0.35, served by `tokenrouter serve`, loaded by
+`tokenrouter bench` (closed loop, EOS ignored) at several concurrencies.
+
+Variants: slm_only, llm_only, sync (lockstep), async (B = 1), delayed (async + `auto`
+delayed batching: online planner), static:B (async + constant threshold B).
+One server per variant serves every concurrency level in turn.
+
+Usage: python3 scripts/gpu_routing.py --bin BIN [--concurrency 1 4 8 16] [--max-tokens 256]
+       [--variants slm_only llm_only sync async delayed] [--out DIR] [--budget-s 420]
+"""
+import argparse, json, os, re, signal, subprocess, sys, time, urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = os.path.join(ROOT, "config", "random", "Qwen3-0.6B_Qwen3-32B_random-weights.yaml")
+
+def config(variant, p):
+    text = open(BASE).read()
+    text = text.replace("{p: 0.35, seed: 0}", "{p: %s, seed: 0}" % p)
+    shapes = os.path.join(ROOT, "config", "shapes")
+    text = text.replace("../shapes", shapes)
+    if variant in ("slm_only", "llm_only"):
+        text = text.replace("random_slm", variant).replace("random_llm", variant)
+        text = text.replace("{p: %s, seed: 0}" % p, "{}")
+    if variant == "sync":
+        text = text.replace("execution: async", "execution: sync")
+    if variant in ("sync", "async", "slm_only", "llm_only"):
+        text = text.replace("delayed_batching_threshold: auto", "delayed_batching_threshold: 1")
+    elif variant.startswith("static:"):
+        text = text.replace("delayed_batching_threshold: auto", "delayed_batching_threshold: " + variant.split(":", 1)[1])
+    return text
+
+def get(port, path, timeout=5):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+        return r.read().decode()
+
+def wait_ready(port, srv, timeout=300):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if srv.poll() is not None:
+            raise RuntimeError("server exited")
+        try:
+            get(port, "/health", 2)
+            return time.time() - t0
+        except Exception:
+            time.sleep(0.5)
+    raise RuntimeError("server did not become ready")
+
+def metric(port, name):
+    m = re.search(r"^" + re.escape(name) + r"(\{[^}]*\})? ([0-9.eE+-]+)$", get(port, "/metrics"), re.M)
+    return float(m.group(2)) if m else None
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--p", default="0.35")
+    ap.add_argument("--variants", nargs="+", default=["slm_only", "llm_only", "sync", "async", "delayed"])
+    ap.add_argument("--port", type=int, default=30777)
+    ap.add_argument("--out", default="/tmp/gpu_routing")
+    ap.add_argument("--budget-s", type=float, default=420, help="stop starting new runs after this")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t_start = time.time()
+    rows = []
+    for v in args.variants:
+        if time.time() - t_start > args.budget_s:
+            print(f"budget spent, skipping {v}", file=sys.stderr)
+            continue
+        d = os.path.join(args.out, v.replace(":", "_"))
+        os.makedirs(d, exist_ok=True)
+        cfg = os.path.join(d, "config.yaml")
+        open(cfg, "w").write(config(v, args.p))
+        log = open(os.path.join(d, "server.log"), "w")
+        srv = subprocess.Popen([args.bin, "serve", "--config", cfg, "--port", str(args.port)], stdout=log, stderr=log)
+        try:
+            load_s = wait_ready(args.port, srv)
+            print(f"{v}: ready in {load_s:.0f}s", file=sys.stderr, flush=True)
+            for c in args.concurrency:
+                if time.time() - t_start > args.budget_s:
+                    break
+                dc = os.path.join(d, f"c{c}")
+                cmd = [args.bin, "bench", "--base-url", f"http://127.0.0.1:{args.port}", "--concurrency", str(c),
+                       "--num-prompts", str(c), "--max-tokens", str(args.max_tokens), "--ignore-eos",
+                       "--temperature", "0", "--seed", "1", "--dataset", "code", "--out-dir", dc,
+                       "--no-progress", "--quiet"]
+                t0 = time.time()
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=600)
+                s = json.load(open(os.path.join(dc, "summary.json")))
+                share = (s.get("share_by_model") or {}).get("reference", 0.0)
+                tps = s.get("output_throughput", s.get("output_tokens_per_s"))
+                thr = metric(args.port, 'tokenrouter:delayed_batching_threshold{model="reference"}')
+                pred = metric(args.port, "tokenrouter:planner_predicted_tokens_per_second") if v == "delayed" else None
+                rows.append(dict(variant=v, concurrency=c, tok_s=tps, llm_share=share, completed=s.get("completed"),
+                                 failed=s.get("failed"), threshold=thr, predicted=pred, wall_s=time.time() - t0,
+                                 tpot_ms=(s.get("tpot_ms") or {}).get("median")))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        except Exception as e:
+            print(f"{v}: FAILED {e}", file=sys.stderr, flush=True)
+        finally:
+            srv.send_signal(signal.SIGTERM)
+            try:
+                srv.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                srv.kill()
+    json.dump(rows, open(os.path.join(args.out, "routing.json"), "w"), indent=1)
+    cs = args.concurrency
+    print("| variant | " + " | ".join(f"c={c} tok/s" for c in cs) + " | LLM share (last c) |")
+    print("|---|" + "---|" * (len(cs) + 1))
+    for v in args.variants:
+        rr = {r["concurrency"]: r for r in rows if r["variant"] == v}
+        if not rr:
+            continue
+        cells = [f'{rr[c]["tok_s"]:.1f}' if c in rr else "-" for c in cs]
+        last = rr[max(rr)]
+        extra = f' (B={last["threshold"]:.0f}, planner {last["predicted"]:.0f})' if last.get("predicted") else ""
+        print(f"| {v} | " + " | ".join(cells) + f' | {last["llm_share"]:.3f}{extra} |')
+
+if __name__ == "__main__":
+    main()
