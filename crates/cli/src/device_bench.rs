@@ -45,6 +45,35 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Device copy bandwidth (bytes read + written per second / 1e9) between preallocated
+/// buffers; None on the CPU.
+#[cfg(feature = "cuda")]
+fn device_copy_gbs(dev: &Device) -> Result<Option<f64>> {
+    let Device::Cuda(cd) = dev else {
+        return Ok(None);
+    };
+    let n = 1usize << 30; // bf16-sized elements: 2 GiB per buffer
+    let src = cd.alloc_zeros::<u16>(n)?;
+    let mut dst = cd.alloc_zeros::<u16>(n)?;
+    let stream = cd.cuda_stream();
+    let mut t = Vec::new();
+    for i in 0..12 {
+        dev.synchronize()?;
+        let s = Instant::now();
+        stream.memcpy_dtod(&src, &mut dst)?;
+        dev.synchronize()?;
+        if i >= 2 {
+            t.push(s.elapsed().as_secs_f64());
+        }
+    }
+    Ok(Some(2.0 * 2.0 * n as f64 / median(t) / 1e9))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device_copy_gbs(_dev: &Device) -> Result<Option<f64>> {
+    Ok(None)
+}
+
 /// Measured ceilings: device copy (bytes read + written per second) and bf16 GEMM.
 pub struct Ceilings {
     pub copy_gbs: f64,
@@ -57,23 +86,26 @@ pub fn ceilings(dev: &Device) -> Result<Ceilings> {
     } else {
         (1usize << 30, 8192usize)
     };
-    // `copy` allocates and memcpys; on the H200 (2026-11-30) this measured 1.0-1.4 TB/s
-    // against 4.2 TB/s for torch's in-place copy (candle's stream-ordered allocations map
-    // fresh memory each time; `slice_set` reached 1.07 TB/s), so it is a lower bound and the
-    // floor derived from it is too high: compare with torch_reference_eager.py's copy.
-    let a = Tensor::zeros(elems, DType::BF16, dev)?;
-    let mut t = Vec::new();
-    for i in 0..12 {
-        dev.synchronize()?;
-        let s = Instant::now();
-        let _b = a.copy()?;
-        dev.synchronize()?;
-        if i >= 2 {
-            t.push(s.elapsed().as_secs_f64());
+    // On GPUs a device-to-device memcpy between two preallocated buffers (candle's `copy`
+    // allocates fresh memory each time and measured only 1.0-1.4 TB/s on the H200, against
+    // 4.2 TB/s for torch's in-place copy); elsewhere candle's `copy`.
+    let copy_gbs = match device_copy_gbs(dev)? {
+        Some(g) => g,
+        None => {
+            let a = Tensor::zeros(elems, DType::BF16, dev)?;
+            let mut t = Vec::new();
+            for i in 0..12 {
+                dev.synchronize()?;
+                let s = Instant::now();
+                let _b = a.copy()?;
+                dev.synchronize()?;
+                if i >= 2 {
+                    t.push(s.elapsed().as_secs_f64());
+                }
+            }
+            2.0 * 2.0 * elems as f64 / median(t) / 1e9
         }
-    }
-    let copy_gbs = 2.0 * 2.0 * elems as f64 / median(t) / 1e9;
-    drop(a);
+    };
     let x = Tensor::randn(0f32, 1.0, (n, n), dev)?.to_dtype(DType::BF16)?;
     let y = Tensor::randn(0f32, 1.0, (n, n), dev)?.to_dtype(DType::BF16)?;
     let mut t = Vec::new();

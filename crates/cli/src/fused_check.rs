@@ -2,8 +2,8 @@
 //! kernel against a dense f32 reference for random context lengths 1..4096 in mixed
 //! decode/extend batches; (2) a random-weight model of CONFIG's shape run through the same
 //! mixed script (prefills of 1..4096 tokens, then steps mixing decodes, extends, paused
-//! sequences and a newcomer) with the fused kernels and with plain candle ops: logits must
-//! agree to bf16 noise.
+//! sequences and a newcomer, then decode-only steps that CUDA graphs replay) with the fused
+//! kernels and with plain candle ops: logits must agree to bf16 noise.
 
 use anyhow::{bail, Result};
 use std::path::Path;
@@ -121,6 +121,22 @@ fn run_script(config: &Path, dev: &candle_core::Device, fused: bool) -> Result<V
                 s as u64,
                 (0..40).map(|i| tok(s as u64, i)).collect(),
             ));
+        }
+        out.extend(r.step(&rows, StepOptions::default())?.logits_rows()?);
+    }
+    // Decode-only steps (CUDA graphs when on): all sequences, three (padded bucket), one.
+    for step in 0..6usize {
+        let seqs: Vec<usize> = match step % 3 {
+            0 => (0..len.len()).collect(),
+            1 => vec![1, 4, 6],
+            _ => vec![5],
+        };
+        let rows: Vec<Row> = seqs
+            .iter()
+            .map(|&s| Row::new(s as u64, vec![tok(s as u64, len[s])]))
+            .collect();
+        for &s in &seqs {
+            len[s] += 1;
         }
         out.extend(r.step(&rows, StepOptions::default())?.logits_rows()?);
     }

@@ -5,8 +5,8 @@
 //
 //   qk_norm_rope_store: per token and head, optional RMSNorm of q/k heads (Qwen3), RoPE, and
 //                       the new K/V written into their paged-cache slots; q goes to q_out.
-//   paged_attention:    one block per (query token, q head): reads K/V in place through the
-//                       row's block table, online softmax in f32 over tiles of keys.
+//   paged_attention:    split-K over the context (partial + combine kernels): reads K/V in
+//                       place through the row's block table, online softmax in f32.
 //   silu_mul:           silu(gate) * up from the fused gate_up projection.
 //   add_rms_norm:       residual add (in place) followed by RMSNorm of the sum.
 
@@ -117,62 +117,94 @@ extern "C" __global__ void qk_norm_rope_store_bf16(
 
 #define ATTN_TILE 512
 #define ATTN_THREADS 128
+#define ATTN_CHUNK_MIN 64
 
-// grid (tokens, nh), block ATTN_THREADS, shared: see attention_smem_bytes in cuda_kernels.rs.
-// Token t of row tok_row[t] (< 0: skip) at absolute position pos[t] attends to cache
-// positions 0..=pos[t] of its row (causal for extend rows: earlier tokens of the same step
-// are already in the cache). hd must be a multiple of 8 and at most 256.
-extern "C" __global__ void paged_attention_bf16(
+// Split-K ("flash decoding") paged attention, pass 1. grid (tokens, nh, splits), block
+// ATTN_THREADS, shared: see PagedAttention::smem_bytes. Token t of row tok_row[t] (< 0:
+// skip) at absolute position pos[t] attends to cache positions 0..=pos[t] of its row
+// (causal for extend rows: earlier tokens of the step are already stored). Split s covers
+// one chunk of those keys and writes its running max, sum and unnormalised output to
+// part_ml / part_acc. Threads work in groups of hd/8 lanes, one 16-byte load each, so a
+// key's K or V row is read by one group at a time and many keys are in flight.
+extern "C" __global__ void paged_attention_partial_bf16(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
-    const int* __restrict__ tok_row, const int* __restrict__ pos, bf16* __restrict__ out, int nh,
-    int nkv, int hd, int block_size, float scale) {
-    const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, bd = blockDim.x;
+    const int* __restrict__ tok_row, const int* __restrict__ pos, float* __restrict__ part_ml,
+    float* __restrict__ part_acc, int nh, int nkv, int hd, int block_size, float scale,
+    int splits) {
+    const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
     const int row = tok_row[t];
     if (row < 0) return;
     const int n = pos[t] + 1;
+    int chunk = (n + splits - 1) / splits;
+    chunk = max(ATTN_CHUNK_MIN, (chunk + 15) & ~15);
+    const int k0 = s * chunk, k1 = min(n, k0 + chunk);
+    const long long pidx = ((long long)t * nh + h) * splits + s;
+    if (k0 >= k1) {
+        if (tid == 0) {
+            part_ml[2 * pidx] = -INFINITY;
+            part_ml[2 * pidx + 1] = 0.f;
+        }
+        return;
+    }
     const int kvh = h / (nh / nkv);
+    const int tpr = hd / 8;              // lanes per key row (power of two <= 32)
+    const int kg_n = ATTN_THREADS / tpr;  // keys in flight per pass
+    const int kg = tid / tpr, ld = tid % tpr;
     extern __shared__ float smem[];
-    float* qs = smem;                           // hd
-    float* sc = qs + hd;                        // ATTN_TILE
+    float* sc = smem;                           // ATTN_TILE
     int* slot_s = (int*)(sc + ATTN_TILE);       // ATTN_TILE
     float* scratch = (float*)(slot_s + ATTN_TILE);  // 32
-    float* red = scratch + 32;                  // groups * hd
+    float* red = scratch + 32;                  // kg_n * hd
     const long long kv_row = (long long)nkv * hd;
     const int* bt = block_tables + (long long)row * max_blocks;
-    const bf16* qp = q + ((long long)t * nh + h) * hd;
-    for (int i = tid; i < hd; i += bd) qs[i] = __bfloat162float(qp[i]) * scale;
-    __syncthreads();
-    // V accumulation layout: `groups` groups of `tpg` threads, each thread owns `dpt` dims.
-    const int tpg = hd < bd ? hd : bd;
-    const int groups = bd / tpg;
-    const int g = tid / tpg, d0 = tid % tpg, dpt = hd / tpg;
-    float acc[2] = {0.f, 0.f};
+    float qr[8];
+    {
+        const uint4 raw = *reinterpret_cast<const uint4*>(q + ((long long)t * nh + h) * hd + ld * 8);
+        const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 f = __bfloat1622float2(q2[e]);
+            qr[2 * e] = f.x * scale;
+            qr[2 * e + 1] = f.y * scale;
+        }
+    }
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] = 0.f;
     float m = -INFINITY, l = 0.f;
-    for (int t0 = 0; t0 < n; t0 += ATTN_TILE) {
-        const int tn = min(ATTN_TILE, n - t0);
-        float lmax = -INFINITY;
-        for (int j = tid; j < tn; j += bd) {
+    const long long head_off = (long long)kvh * hd + ld * 8;
+    for (int t0 = k0; t0 < k1; t0 += ATTN_TILE) {
+        const int tn = min(ATTN_TILE, k1 - t0);
+        for (int j = tid; j < tn; j += ATTN_THREADS) {
             const int p = t0 + j;
-            const int slot = bt[p / block_size] * block_size + p % block_size;
-            slot_s[j] = slot;
-            const bf16* kp = k_cache + (long long)slot * kv_row + (long long)kvh * hd;
-            float dot = 0.f;
-            for (int d = 0; d < hd; d += 8) {
-                const uint4 raw = *reinterpret_cast<const uint4*>(kp + d);
+            slot_s[j] = bt[p / block_size] * block_size + p % block_size;
+        }
+        __syncthreads();
+        float lmax = -INFINITY;
+        // Uniform trip count: every lane takes part in the group's shuffles.
+#pragma unroll 4
+        for (int jb = 0; jb < tn; jb += kg_n) {
+            const int j = jb + kg;
+            float part = 0.f;
+            if (j < tn) {
+                const uint4 raw = *reinterpret_cast<const uint4*>(k_cache + slot_s[j] * kv_row + head_off);
                 const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const float2 f = __bfloat1622float2(k2[e]);
-                    dot += qs[d + 2 * e] * f.x + qs[d + 2 * e + 1] * f.y;
+                    part += qr[2 * e] * f.x + qr[2 * e + 1] * f.y;
                 }
             }
-            sc[j] = dot;
-            lmax = fmaxf(lmax, dot);
+            for (int o = tpr / 2; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffff, part, o);
+            if (j < tn) {
+                if (ld == 0) sc[j] = part;
+                lmax = fmaxf(lmax, part);
+            }
         }
         const float m_new = fmaxf(m, block_max(lmax, scratch));
         float lsum = 0.f;
-        for (int j = tid; j < tn; j += bd) {
+        for (int j = tid; j < tn; j += ATTN_THREADS) {
             const float e = __expf(sc[j] - m_new);
             sc[j] = e;
             lsum += e;
@@ -181,26 +213,59 @@ extern "C" __global__ void paged_attention_bf16(
         const float corr = __expf(m - m_new);
         l = l * corr + tsum;
         m = m_new;
-        acc[0] *= corr;
-        acc[1] *= corr;
-        if (g < groups) {
-            for (int j = g; j < tn; j += groups) {
-                const bf16* vp = v_cache + (long long)slot_s[j] * kv_row + (long long)kvh * hd;
-                const float pj = sc[j];
-                for (int e = 0; e < dpt; e++) acc[e] += pj * __bfloat162float(vp[d0 + e * tpg]);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] *= corr;
+#pragma unroll 4
+        for (int j = kg; j < tn; j += kg_n) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(v_cache + slot_s[j] * kv_row + head_off);
+            const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+            const float pj = sc[j];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 f = __bfloat1622float2(v2[e]);
+                acc[2 * e] += pj * f.x;
+                acc[2 * e + 1] += pj * f.y;
             }
         }
         __syncthreads();
     }
-    if (g < groups)
-        for (int e = 0; e < dpt; e++) red[g * hd + d0 + e * tpg] = acc[e];
+#pragma unroll
+    for (int e = 0; e < 8; e++) red[kg * hd + ld * 8 + e] = acc[e];
     __syncthreads();
+    for (int i = tid; i < hd; i += ATTN_THREADS) {
+        float sum = 0.f;
+        for (int g = 0; g < kg_n; g++) sum += red[g * hd + i];
+        part_acc[pidx * hd + i] = sum;
+    }
+    if (tid == 0) {
+        part_ml[2 * pidx] = m;
+        part_ml[2 * pidx + 1] = l;
+    }
+}
+
+// Pass 2: combine the splits of each (token, head). grid (tokens, nh), block 128.
+extern "C" __global__ void paged_attention_combine_bf16(
+    const int* __restrict__ tok_row, const float* __restrict__ part_ml,
+    const float* __restrict__ part_acc, bf16* __restrict__ out, int nh, int hd, int splits) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    if (tok_row[t] < 0) return;
+    const long long base = ((long long)t * nh + h) * splits;
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, part_ml[2 * (base + s)]);
+    float total = 0.f;
+    for (int s = 0; s < splits; s++) {
+        const float ms = part_ml[2 * (base + s)];
+        if (ms > -INFINITY) total += part_ml[2 * (base + s) + 1] * __expf(ms - mx);
+    }
+    const float inv = 1.f / total;
     bf16* op = out + ((long long)t * nh + h) * hd;
-    const float inv = 1.f / l;
-    for (int i = tid; i < hd; i += bd) {
-        float s = 0.f;
-        for (int gg = 0; gg < groups; gg++) s += red[gg * hd + i];
-        op[i] = __float2bfloat16(s * inv);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.f;
+        for (int s = 0; s < splits; s++) {
+            const float ms = part_ml[2 * (base + s)];
+            if (ms > -INFINITY) o += part_acc[(base + s) * hd + i] * __expf(ms - mx);
+        }
+        op[i] = __float2bfloat16(o * inv);
     }
 }
 

@@ -128,6 +128,7 @@ fn one_batch(
         head_dim: dims.head_dim,
         block_size,
         max_blocks,
+        splits: crate::cuda_kernels::attention_splits(tokens, dims.num_heads, Some(4096)),
         k_cache: ptr(Some(&k))?,
         v_cache: ptr(Some(&v))?,
         block_tables: base + (8 * tokens) as u64,

@@ -209,13 +209,15 @@ impl CustomOp1 for NormRopeStore {
     }
 }
 
-/// Attention of every token whose `tok_row` is >= 0 over its row's paged cache.
+/// Attention of every token whose `tok_row` is >= 0 over its row's paged cache, split
+/// over the context into `splits` chunks (more blocks in flight for small batches).
 pub struct PagedAttention {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
     pub max_blocks: usize,
+    pub splits: usize,
     pub k_cache: u64,
     pub v_cache: u64,
     pub block_tables: u64,
@@ -223,13 +225,25 @@ pub struct PagedAttention {
     pub pos: u64,
 }
 
-impl PagedAttention {
-    fn smem_bytes(&self) -> u32 {
-        let hd = self.head_dim;
-        let groups = (ATTN_THREADS as usize / hd.min(ATTN_THREADS as usize)).max(1);
-        ((hd + 2 * ATTN_TILE + 32 + groups * hd) * 4) as u32
+/// Whether the attention kernels handle this head size (16-byte loads, lanes per key row a
+/// power of two within a warp).
+pub fn head_dim_supported(hd: usize) -> bool {
+    hd % 8 == 0 && (hd / 8).is_power_of_two() && hd / 8 <= 32
+}
+
+/// Context splits for `tokens` query tokens of `heads` heads whose longest context is
+/// `max_ctx` (None: unknown, as in a CUDA graph): aim at ~2048 blocks, at most 16 splits,
+/// no split shorter than the kernel's minimum chunk.
+pub fn attention_splits(tokens: usize, heads: usize, max_ctx: Option<usize>) -> usize {
+    let want = 2048usize.div_ceil((tokens * heads).max(1)).clamp(1, 16);
+    match max_ctx {
+        Some(n) => want.min(n.div_ceil(ATTN_CHUNK_MIN)).max(1),
+        None => want,
     }
 }
+
+/// Must match ATTN_CHUNK_MIN in fused.cu.
+const ATTN_CHUNK_MIN: usize = 64;
 
 impl CustomOp1 for PagedAttention {
     fn name(&self) -> &'static str {
@@ -237,14 +251,19 @@ impl CustomOp1 for PagedAttention {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported(self.name())
+        cpu_unsupported("paged_attention")
     }
 
     /// Input: roped q `[tokens, nh * hd]`; output: attention `[tokens, nh * hd]` (rows of
     /// skipped tokens are left unwritten).
     fn cuda_fwd(&self, q: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        if hd % 8 != 0 || hd > 256 || nkv == 0 || nh % nkv != 0 {
+        let (nh, nkv, hd, splits) = (
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.splits.max(1),
+        );
+        if !head_dim_supported(hd) || nkv == 0 || nh % nkv != 0 {
             return Err(err(format!("unsupported heads {nh}/{nkv} x {hd}")));
         }
         let (t, width) = layout.shape().dims2()?;
@@ -254,10 +273,21 @@ impl CustomOp1 for PagedAttention {
         let q_p = input_ptr(q, layout, "q")?;
         let dev = &q.device;
         let (out, out_p) = alloc_bf16(dev, t * width)?;
+        let parts = t * nh * splits;
+        // SAFETY: the partial kernel writes every (token, head, split) it is launched for;
+        // the combine kernel reads only those of tokens the partial kernel did not skip.
+        let part_ml = unsafe { dev.alloc::<f32>(2 * parts.max(1)) }?;
+        let part_acc = unsafe { dev.alloc::<f32>((parts * hd).max(1)) }?;
+        let stream = dev.cuda_stream();
+        let (ml_p, acc_p) = (
+            part_ml.device_ptr(&stream).0,
+            part_acc.device_ptr(&stream).0,
+        );
+        let key_groups = ATTN_THREADS as usize / (hd / 8);
         let cfg = LaunchConfig {
-            grid_dim: (t as u32, nh as u32, 1),
+            grid_dim: (t as u32, nh as u32, splits as u32),
             block_dim: (ATTN_THREADS, 1, 1),
-            shared_mem_bytes: self.smem_bytes(),
+            shared_mem_bytes: ((2 * ATTN_TILE + 32 + key_groups * hd) * 4) as u32,
         };
         let scale = 1.0f32 / (hd as f32).sqrt();
         let ints = [
@@ -266,10 +296,11 @@ impl CustomOp1 for PagedAttention {
             nkv as i32,
             hd as i32,
             self.block_size as i32,
+            splits as i32,
         ];
         launch!(
             dev,
-            "paged_attention_bf16",
+            "paged_attention_partial_bf16",
             cfg,
             &q_p,
             &self.k_cache,
@@ -278,13 +309,33 @@ impl CustomOp1 for PagedAttention {
             &ints[0],
             &self.tok_row,
             &self.pos,
-            &out_p,
+            &ml_p,
+            &acc_p,
             &ints[1],
             &ints[2],
             &ints[3],
             &ints[4],
-            &scale
+            &scale,
+            &ints[5]
         );
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, nh as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(
+            dev,
+            "paged_attention_combine_bf16",
+            cfg,
+            &self.tok_row,
+            &ml_p,
+            &acc_p,
+            &out_p,
+            &ints[1],
+            &ints[3],
+            &ints[5]
+        );
+        drop((part_ml, part_acc));
         Ok((
             CudaStorage::wrap_cuda_slice(out, dev.clone()),
             Shape::from((t, width)),

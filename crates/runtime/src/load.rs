@@ -129,9 +129,11 @@ pub fn load_random(config_json: &Path, opts: &LoadOptions, seed: u64) -> Result<
 /// `load_random` plus the synthetic tokenizer (`TextModel::synthetic`): a servable model of
 /// real shape without a checkpoint, for end-to-end benchmarks (engine `random_weights`).
 pub fn load_random_model(config_json: &Path, opts: &LoadOptions, seed: u64) -> Result<LoadedModel> {
+    let runner = load_random(config_json, opts, seed)?;
+    let vocab = runner.config().vocab_size;
     Ok(LoadedModel {
-        runner: load_random(config_json, opts, seed)?,
-        text: TextModel::synthetic()?,
+        runner,
+        text: TextModel::synthetic(vocab)?,
         path: config_json.to_path_buf(),
     })
 }

@@ -8,7 +8,9 @@
 use super::{ForwardOutput, GateUp, Qkv, Transformer};
 use crate::attention::{HeadDims, RowSpan};
 use crate::attention_device::{CachedRow, TensorKv};
-use crate::cuda_kernels::{ptr, AddRmsNorm, EmbedGather, NormRopeStore, PagedAttention, SiluMul};
+use crate::cuda_kernels::{
+    attention_splits, ptr, AddRmsNorm, EmbedGather, NormRopeStore, PagedAttention, SiluMul,
+};
 use crate::kv::BlockTable;
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Result, Tensor};
@@ -27,6 +29,8 @@ pub(super) struct MetaPtrs {
     pub tables: u64,
     pub max_blocks: usize,
     pub block_size: usize,
+    /// Context splits of the attention kernel.
+    pub splits: usize,
 }
 
 /// What the kernels need to know about a step's layout, uploaded in one copy.
@@ -35,6 +39,8 @@ struct StepMeta {
     buf: Tensor,
     tokens: usize,
     max_blocks: usize,
+    /// Longest context of the rows the kernel attends.
+    max_ctx: usize,
     long_rows: Vec<CachedRow>,
 }
 
@@ -54,6 +60,12 @@ impl StepMeta {
             .max()
             .unwrap_or(1)
             .max(1);
+        let max_ctx = rows
+            .iter()
+            .filter(|r| r.len <= KERNEL_MAX_ROW)
+            .map(|r| r.past + r.len)
+            .max()
+            .unwrap_or(1);
         let mut buf = vec![0u32; 4 * tokens + rows.len() * max_blocks];
         buf[..tokens].copy_from_slice(ids);
         let mut long_rows = Vec::new();
@@ -77,6 +89,7 @@ impl StepMeta {
             buf: Tensor::from_vec(buf, 4 * tokens + rows.len() * max_blocks, device)?,
             tokens,
             max_blocks,
+            max_ctx,
             long_rows,
         })
     }
@@ -94,8 +107,7 @@ impl Transformer {
         let cfg = &self.cfg;
         !self.device.is_cpu()
             && self.dtype() == DType::BF16
-            && cfg.head_dim % 8 == 0
-            && cfg.head_dim <= 256
+            && crate::cuda_kernels::head_dim_supported(cfg.head_dim)
             && cfg.hidden_size <= crate::cuda_kernels::ADD_RMS_NORM_MAX_HIDDEN
             && self
                 .layers
@@ -148,6 +160,7 @@ impl Transformer {
             tables: meta.section(base, 4),
             max_blocks: meta.max_blocks,
             block_size,
+            splits: attention_splits(meta.tokens, self.cfg.num_heads, Some(meta.max_ctx)),
         };
         let h = self.layers_fused(x, &layout, &meta.long_rows, caches)?;
         let hn = if all_logits || meta.tokens == rows.len() {
@@ -222,6 +235,7 @@ impl Transformer {
                 head_dim: dims.head_dim,
                 block_size: m.block_size,
                 max_blocks: m.max_blocks,
+                splits: m.splits,
                 k_cache,
                 v_cache,
                 block_tables: m.tables,

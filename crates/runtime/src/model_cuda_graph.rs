@@ -177,6 +177,7 @@ impl Transformer {
             tables: sec(4),
             max_blocks: g.max_blocks,
             block_size,
+            splits: crate::cuda_kernels::attention_splits(b, self.cfg.num_heads, None),
         };
         let h = self.layers_fused(x, &m, &[], caches)?;
         let logits = self.lm_head.forward(&h)?.to_dtype(DType::F32)?;

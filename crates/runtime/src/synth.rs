@@ -79,8 +79,14 @@ pub fn token_table() -> Vec<String> {
     tokens
 }
 
-pub(crate) fn build_tokenizer() -> Result<Tokenizer> {
-    let tokens = token_table();
+/// The synthetic tokenizer; `vocab` > the base table pads it with filler tokens
+/// (`<f123>`: never produced by encoding, but sampled and decoded like real ones) so a
+/// model of real shape samples from a vocabulary of real size.
+pub(crate) fn build_tokenizer(vocab: usize) -> Result<Tokenizer> {
+    let mut tokens = token_table();
+    let n_plain = tokens.len() - SPECIAL_TOKENS.len();
+    let fillers = vocab.saturating_sub(tokens.len());
+    tokens.splice(n_plain..n_plain, (0..fillers).map(|i| format!("<f{i}>")));
     let n_plain = tokens.len() - SPECIAL_TOKENS.len();
     let vocab: tokenizers::models::bpe::Vocab = tokens[..n_plain]
         .iter()
@@ -225,7 +231,7 @@ pub fn write_hf_dir(spec: &SynthSpec, dir: &Path) -> Result<PathBuf> {
     };
     write("config.json", &config)?;
     let tok_path = dir.join("tokenizer.json");
-    build_tokenizer()?
+    build_tokenizer(0)?
         .save(&tok_path, false)
         .map_err(|e| RuntimeError::Tokenizer(e.to_string()))?;
     write(
