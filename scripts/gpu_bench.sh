@@ -38,6 +38,7 @@ echo "== 4. fused kernels: check, and the 0.6B step without them / without graph
 timeout 120 $RUN bench-model --check-fused config/shapes/qwen3-0.6b.json --device cuda:0 2>&1 | tee $OUT/check_fused.txt | grep -v '^== ldd\|^== LD\|lib'
 TOKENROUTER_CUDA_GRAPHS=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,4,16 2>&1 | tee $OUT/nographs_0.6b.txt | grep '^|'
 TOKENROUTER_FUSED_KERNELS=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,4,16 2>&1 | tee $OUT/plain_0.6b.txt | grep '^|'
+TOKENROUTER_GEMV=0 timeout 120 $RUN bench-model --random-weights config/shapes/qwen3-32b.json --device cuda:0 --batches 1,4,16 --decode-tokens 10 --prefill-tokens 64 2>&1 | tee $OUT/nogemv_32b.txt | grep '^|'
 fi
 
 if has ours; then

@@ -52,6 +52,18 @@ def metric(port, name):
     m = re.search(r"^" + re.escape(name) + r"(\{[^}]*\})? ([0-9.eE+-]+)$", get(port, "/metrics"), re.M)
     return float(m.group(2)) if m else None
 
+def step_stats(port):
+    """Cumulative (steps, seconds stepping, rows stepped) per model from /metrics."""
+    text = get(port, "/metrics")
+    out = {}
+    for model in ("quick", "reference"):
+        def val(name):
+            m = re.search(r"^tokenrouter:" + name + r'\{model="' + model + r'"\} ([0-9.eE+-]+)$', text, re.M)
+            return float(m.group(1)) if m else 0.0
+        out[model] = (val("model_step_latency_seconds_count"), val("model_step_latency_seconds_sum"),
+                      val("model_batch_size_sum"))
+    return out
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -87,15 +99,24 @@ def main():
                        "--num-prompts", str(c), "--max-tokens", str(args.max_tokens), "--ignore-eos",
                        "--temperature", "0", "--seed", "1", "--dataset", "code", "--out-dir", dc,
                        "--no-progress", "--quiet"]
+                before = step_stats(args.port)
                 t0 = time.time()
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=600)
+                wall = time.time() - t0
+                after = step_stats(args.port)
+                steps = {}
+                for mdl in after:
+                    n, sec, rows_ = (a - b for a, b in zip(after[mdl], before[mdl]))
+                    if n > 0:
+                        # steps, mean step ms, mean batch, fraction of the wall time stepping
+                        steps[mdl] = [int(n), round(1e3 * sec / n, 2), round(rows_ / n, 2), round(sec / wall, 3)]
                 s = json.load(open(os.path.join(dc, "summary.json")))
                 share = (s.get("share_by_model") or {}).get("reference", 0.0)
                 tps = s.get("output_throughput", s.get("output_tokens_per_s"))
                 thr = metric(args.port, 'tokenrouter:delayed_batching_threshold{model="reference"}')
                 pred = metric(args.port, "tokenrouter:planner_predicted_tokens_per_second") if v == "delayed" else None
                 rows.append(dict(variant=v, concurrency=c, tok_s=tps, llm_share=share, completed=s.get("completed"),
-                                 failed=s.get("failed"), threshold=thr, predicted=pred, wall_s=time.time() - t0,
+                                 failed=s.get("failed"), threshold=thr, predicted=pred, wall_s=wall, steps=steps,
                                  tpot_ms=(s.get("tpot_ms") or {}).get("median")))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         except Exception as e:

@@ -37,6 +37,12 @@ pub fn check_fused(config: &Path, device: &str) -> Result<()> {
         worst = worst.max(c.max_abs_err);
     }
     println!("CHECK paged_attention max_abs_err {worst:.3e} (bf16 output rounding ~4e-3 of |ref|)");
+    let mut gemv_worst = 0f32;
+    for (m, n, k, e) in tokenrouter_runtime::cuda_check::check_gemv(&dev)? {
+        println!("gemv [{m}, {k}] x [{n}, {k}]^T: max rel err {e:.2e}");
+        gemv_worst = gemv_worst.max(e);
+    }
+    println!("CHECK gemv max_rel_err {gemv_worst:.3e} (bf16 output rounding ~4e-3)");
     let (fused, plain) = (
         run_script(config, &dev, true)?,
         run_script(config, &dev, false)?,
@@ -58,7 +64,7 @@ pub fn check_fused(config: &Path, device: &str) -> Result<()> {
         fused.len(),
         fused.len()
     );
-    if worst > 0.05 || min_cos < 0.999 {
+    if worst > 0.05 || gemv_worst > 0.01 || min_cos < 0.999 {
         bail!("fused kernels disagree with the reference");
     }
     Ok(())

@@ -18,12 +18,24 @@ use tokenrouter_api::ModelIndex;
 pub struct Needs {
     /// The final-norm hidden state of each row's last token (`StepView::hidden`).
     pub hidden: bool,
+    /// The policy never reads `RowView::logits`: on a GPU, greedy requests are then sampled
+    /// on the device and only (token, logprob) comes back, not ~150k logits per row.
+    pub no_logits: bool,
+}
+
+impl Needs {
+    /// Only the sampled tokens matter (policies that ignore the distribution).
+    pub const TOKENS_ONLY: Needs = Needs {
+        hidden: false,
+        no_logits: true,
+    };
 }
 
 /// One request in a finished step, as the policy sees it.
 pub struct RowView<'a> {
     pub rid: u64,
-    /// Raw logits of the row's last position (padding ids already excluded).
+    /// Raw logits of the row's last position (padding ids already excluded); empty when
+    /// the policy declared `Needs::no_logits`.
     pub logits: &'a [f32],
     /// The token this model just sampled at that position.
     pub token: u32,

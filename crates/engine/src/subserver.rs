@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokenrouter_api::{FinishReason, ModelIndex, TokenEvent};
-use tokenrouter_runtime::{Row, Runner, RuntimeError, StepOptions};
+use tokenrouter_runtime::{Row, Runner, RuntimeError, Sampled, StepOptions};
 
 /// State every sub-server and the inter-model loop can read.
 pub struct Shared {
@@ -392,14 +392,44 @@ impl SubServer {
         if let Ok(mut log) = self.shared.latency_log.lock() {
             log.push((self.idx, batch, elapsed));
         }
-        let logits = match output.logits_rows() {
-            Ok(l) => l,
+        let limit = self.sample_limit;
+        let on_device = !self.runner.model().device().is_cpu()
+            && self.needs.no_logits
+            && self
+                .running
+                .iter()
+                .all(|r| r.top_logprobs == 0 && r.sampler.config.is_plain_greedy());
+        let picked = if on_device {
+            output.greedy_rows(limit).map(|picks| {
+                let sampled = picks
+                    .into_iter()
+                    .map(|(token, logprob)| Sampled {
+                        token,
+                        logprob,
+                        top: Vec::new(),
+                    })
+                    .collect();
+                (sampled, None)
+            })
+        } else {
+            output.logits_rows().map(|logits| {
+                let sampled = self
+                    .running
+                    .iter_mut()
+                    .zip(&logits)
+                    .map(|(r, l)| r.sampler.sample(l, limit, r.top_logprobs))
+                    .collect();
+                (sampled, Some(logits))
+            })
+        };
+        let (sampled, logits) = match picked {
+            Ok(p) => p,
             Err(e) => {
                 self.fail_batch(e, out);
                 return true;
             }
         };
-        self.after_step(logits, output.hidden.as_ref(), out);
+        self.after_step(sampled, logits.as_deref(), output.hidden.as_ref(), out);
         self.publish();
         true
     }
@@ -415,26 +445,21 @@ impl SubServer {
 
     fn after_step(
         &mut self,
-        logits: Vec<Vec<f32>>,
+        sampled: Vec<Sampled>,
+        logits: Option<&[Vec<f32>]>,
         hidden: Option<&candle_core::Tensor>,
         out: &mut Vec<Outbound>,
     ) {
         let limit = self.sample_limit;
-        let sampled: Vec<_> = self
-            .running
-            .iter_mut()
-            .zip(&logits)
-            .map(|(r, l)| r.sampler.sample(l, limit, r.top_logprobs))
-            .collect();
         let decisions: Vec<Decision> = {
             let views: Vec<RowView<'_>> = self
                 .running
                 .iter()
-                .zip(&logits)
+                .enumerate()
                 .zip(&sampled)
-                .map(|((r, l), s)| RowView {
+                .map(|((i, r), s)| RowView {
                     rid: r.rid,
-                    logits: &l[..limit.min(l.len())],
+                    logits: logits.map_or(&[][..], |l| &l[i][..limit.min(l[i].len())]),
                     token: s.token,
                     prompt: &r.prompt,
                     output: &r.output,

@@ -315,3 +315,62 @@ extern "C" __global__ void embed_gather_bf16(const bf16* __restrict__ weight,
     const bf16* src = weight + (long long)ids[t] * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[t * hidden + i] = src[i];
 }
+
+// Skinny matmul y = x W^T for M <= 8 rows (decode steps): x [M, K], W [N, K] (row-major,
+// as stored), y [M, N], all bf16, f32 accumulation. One warp per output column n streams
+// W's row with 16-byte loads (weights are read once, at close to full bandwidth; x stays
+// in L1/L2). grid (ceil(N / 8)), block 256. K must be a multiple of 8.
+template <int M>
+__device__ void gemv_rows(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                          bf16* __restrict__ y, int n_out, int k) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n = blockIdx.x * 8 + warp;
+    if (n >= n_out) return;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + (long long)n * k);
+    const int chunks = k / 8;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.f;
+#pragma unroll 4
+    for (int c = lane; c < chunks; c += 32) {
+        const uint4 wv = wr[c];
+        const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+        float wf[8];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 f = __bfloat1622float2(w2[e]);
+            wf[2 * e] = f.x;
+            wf[2 * e + 1] = f.y;
+        }
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const uint4 xv = reinterpret_cast<const uint4*>(x + (long long)m * k)[c];
+            const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 f = __bfloat1622float2(x2[e]);
+                acc[m] += wf[2 * e] * f.x + wf[2 * e + 1] * f.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float v = warp_sum(acc[m]);
+        if (lane == 0) y[(long long)m * n_out + n] = __float2bfloat16(v);
+    }
+}
+
+#define GEMV(MM)                                                                           \
+    extern "C" __global__ void gemv_bf16_m##MM(const bf16* __restrict__ x,                 \
+                                               const bf16* __restrict__ w,                 \
+                                               bf16* __restrict__ y, int n_out, int k) {   \
+        gemv_rows<MM>(x, w, y, n_out, k);                                                  \
+    }
+GEMV(1)
+GEMV(2)
+GEMV(3)
+GEMV(4)
+GEMV(5)
+GEMV(6)
+GEMV(7)
+GEMV(8)

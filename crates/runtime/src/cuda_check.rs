@@ -157,3 +157,25 @@ fn one_batch(
         max_abs_ref: want.abs()?.max_all()?.to_scalar::<f32>()?,
     })
 }
+
+/// The skinny matmul kernel against candle's matmul in f32, for decode-sized inputs:
+/// `(rows, out, in, max |diff| / max |reference|)`.
+pub fn check_gemv(device: &Device) -> Result<Vec<(usize, usize, usize, f32)>> {
+    let mut out = Vec::new();
+    for (n, k) in [(9216, 5120), (1024, 3072), (151_936, 1024)] {
+        let w = Tensor::randn(0f32, 0.02, (n, k), device)?.to_dtype(DType::BF16)?;
+        for m in [1usize, 3, 8] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), device)?.to_dtype(DType::BF16)?;
+            let got = x
+                .apply_op2_no_bwd(&w, &crate::cuda_kernels::Gemv)?
+                .to_dtype(DType::F32)?;
+            let want = x
+                .to_dtype(DType::F32)?
+                .matmul(&w.to_dtype(DType::F32)?.t()?)?;
+            let err = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
+            out.push((m, n, k, err / scale.max(1e-6)));
+        }
+    }
+    Ok(out)
+}

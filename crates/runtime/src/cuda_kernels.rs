@@ -82,6 +82,73 @@ macro_rules! launch {
     }};
 }
 
+/// `x W^T` for decode-sized `x` (1..=8 rows) with dense bf16 `W` `[out, in]`: a
+/// bandwidth-bound kernel instead of cuBLAS's GEMM/GEMV choice for skinny shapes.
+pub struct Gemv;
+
+/// Whether `Gemv` handles `x` (`[m, k]`) times `w^T` (`w`: `[n, k]`).
+pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let enabled =
+        *ENABLED.get_or_init(|| std::env::var("TOKENROUTER_GEMV").map_or(true, |v| v != "0"));
+    enabled
+        && x.device().is_cuda()
+        && x.dtype() == DType::BF16
+        && w.dtype() == DType::BF16
+        && x.rank() == 2
+        && w.rank() == 2
+        && matches!(x.dim(0), Ok(1..=8))
+        && x.dim(1).ok() == w.dim(1).ok()
+        && x.dim(1).is_ok_and(|k| k % 8 == 0)
+        && x.is_contiguous()
+        && w.is_contiguous()
+}
+
+impl CustomOp2 for Gemv {
+    fn name(&self) -> &'static str {
+        "gemv"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        cpu_unsupported("gemv")
+    }
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (m, k) = xl.shape().dims2()?;
+        let (n, k2) = wl.shape().dims2()?;
+        if k != k2 || !(1..=8).contains(&m) || k % 8 != 0 {
+            return Err(err(format!("gemv shapes [{m}, {k}] x [{n}, {k2}]^T")));
+        }
+        let (x_p, w_p) = (input_ptr(x, xl, "x")?, input_ptr(w, wl, "weight")?);
+        let dev = &x.device;
+        let (out, out_p) = alloc_bf16(dev, m * n)?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (n_i, k_i) = (n as i32, k as i32);
+        let name = format!("gemv_bf16_m{m}");
+        launch!(dev, name.as_str(), cfg, &x_p, &w_p, &out_p, &n_i, &k_i);
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((m, n)),
+        ))
+    }
+}
+
 /// Token embeddings `weight[ids[t]]` for `tokens` ids read from device memory.
 pub struct EmbedGather {
     pub ids: u64,

@@ -23,6 +23,17 @@ mod model_cuda_graph;
 /// Input embeddings of token ids, `[n, hidden]`, shareable across threads (routers use it).
 pub type Embedder = std::sync::Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor> + Send + Sync>;
 
+/// `x W^T`: decode-sized bf16 inputs on a GPU use our skinny kernel, the rest candle.
+pub(crate) fn matmul_t(x: &Tensor, w: &QMatMul) -> candle_core::Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let QMatMul::Tensor(wt) = w {
+        if crate::cuda_kernels::gemv_applies(x, wt) {
+            return x.apply_op2_no_bwd(wt, &crate::cuda_kernels::Gemv);
+        }
+    }
+    w.forward(x)
+}
+
 /// A matmul with an optional bias.
 pub struct Linear {
     w: QMatMul,
@@ -80,7 +91,7 @@ impl Linear {
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = self.w.forward(x)?;
+        let y = matmul_t(x, &self.w)?;
         match &self.b {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
@@ -400,7 +411,7 @@ impl Transformer {
         };
         let hn = rms_norm(&x, &self.norm, eps)?;
         // Sampling and routers read f32 on the host: convert on the device (a no-op on f32).
-        let logits = self.lm_head.forward(&hn)?.to_dtype(DType::F32)?;
+        let logits = matmul_t(&hn, &self.lm_head)?.to_dtype(DType::F32)?;
         Ok(ForwardOutput {
             logits,
             hidden: if want_hidden {

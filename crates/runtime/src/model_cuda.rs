@@ -13,7 +13,7 @@ use crate::cuda_kernels::{
 };
 use crate::kv::BlockTable;
 use candle_core::quantized::QMatMul;
-use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 /// Rows longer than this go through the matmul path.
 const KERNEL_MAX_ROW: usize = 64;
@@ -169,7 +169,7 @@ impl Transformer {
             let last: Vec<u32> = rows.iter().map(|r| (r.start + r.len - 1) as u32).collect();
             h.index_select(&Tensor::new(last, &self.device)?, 0)?
         };
-        let logits = self.lm_head.forward(&hn)?.to_dtype(DType::F32)?;
+        let logits = super::matmul_t(&hn, &self.lm_head)?.to_dtype(DType::F32)?;
         Ok(ForwardOutput {
             logits,
             hidden: if want_hidden {

@@ -12,7 +12,7 @@ use crate::attention::RowSpan;
 use crate::attention_device::TensorKv;
 use crate::kv::BlockTable;
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph, CudaSlice, DevicePtr};
-use candle_core::{DType, Module, Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 use std::collections::HashMap;
 
 /// Largest decode batch replayed from a graph.
@@ -180,7 +180,7 @@ impl Transformer {
             splits: crate::cuda_kernels::attention_splits(b, self.cfg.num_heads, None),
         };
         let h = self.layers_fused(x, &m, &[], caches)?;
-        let logits = self.lm_head.forward(&h)?.to_dtype(DType::F32)?;
+        let logits = super::matmul_t(&h, &self.lm_head)?.to_dtype(DType::F32)?;
         g.logits.slice_set(&logits, 0, 0)?;
         if want_hidden {
             g.hidden.slice_set(&h.to_dtype(DType::F32)?, 0, 0)?;

@@ -42,6 +42,25 @@ pub struct StepOutput {
 
 impl StepOutput {
     /// Logits as one `Vec` per row (host memory).
+    /// Greedy picks computed where the logits are: per row the argmax among ids below
+    /// `limit` and its log-probability. Copies two numbers per row to the host instead of
+    /// the whole vocabulary (ties may resolve to any of the tied ids).
+    pub fn greedy_rows(&self, limit: usize) -> Result<Vec<(u32, f32)>> {
+        let l = &self.logits;
+        let limit = limit.clamp(1, l.dim(1)?);
+        let l = if limit < l.dim(1)? {
+            l.narrow(1, 0, limit)?.contiguous()?
+        } else {
+            l.clone()
+        };
+        let idx = l.argmax_keepdim(1)?;
+        let max = l.gather(&idx, 1)?;
+        let lse = (l.broadcast_sub(&max)?.exp()?.sum_keepdim(1)?.log()? + &max)?;
+        let logprob = (max - lse)?.flatten_all()?.to_vec1::<f32>()?;
+        let ids = idx.flatten_all()?.to_vec1::<u32>()?;
+        Ok(ids.into_iter().zip(logprob).collect())
+    }
+
     pub fn logits_rows(&self) -> Result<Vec<Vec<f32>>> {
         Ok(self.logits.to_dtype(candle_core::DType::F32)?.to_vec2()?)
     }

@@ -33,6 +33,18 @@ impl Default for SamplingConfig {
     }
 }
 
+impl SamplingConfig {
+    /// Plain greedy decoding: the argmax of the raw logits is the token (no temperature,
+    /// penalties or bias), so the choice can be made where the logits are (e.g. a GPU).
+    pub fn is_plain_greedy(&self) -> bool {
+        self.temperature <= 0.0
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+            && self.repetition_penalty == 1.0
+            && self.logit_bias.is_empty()
+    }
+}
+
 /// A sampled token with its log-probability and the top alternatives, all natural-log
 /// probabilities of the raw (unpenalised, temperature-free) distribution.
 #[derive(Clone, Debug, PartialEq)]

@@ -129,3 +129,26 @@ fn random_weights_from_config() {
     assert!(l[0].iter().all(|x| x.is_finite()));
     assert!(l[0].iter().any(|x| *x != 0.0));
 }
+
+#[test]
+fn greedy_rows_match_the_host_sampler() {
+    use tokenrouter_runtime::{Sampler, SamplingConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_hf_dir(&SynthSpec::tiny(Arch::Qwen3, 9), &dir.path().join("m")).unwrap();
+    let mut m = load_model(&path, &opts()).unwrap().runner;
+    let rows = [
+        Row::new(1, toks(7, 1)),
+        Row::new(2, toks(3, 2)),
+        Row::new(3, vec![9]),
+    ];
+    let out = m.step(&rows, StepOptions::default()).unwrap();
+    for limit in [288, 200] {
+        let picks = out.greedy_rows(limit).unwrap();
+        let logits = out.logits_rows().unwrap();
+        for (p, l) in picks.iter().zip(&logits) {
+            let s = Sampler::new(SamplingConfig::default(), 0, &[]).sample(l, limit, 0);
+            assert_eq!(p.0, s.token);
+            assert!((p.1 - s.logprob).abs() < 1e-4, "{} vs {}", p.1, s.logprob);
+        }
+    }
+}

@@ -5,7 +5,7 @@
 
 use super::unit_hash;
 use crate::config::{parse_kwargs, ConfigError};
-use crate::policy::{Decision, Policy, PolicyContext, Registry, SendMode, StepView};
+use crate::policy::{Decision, Needs, Policy, PolicyContext, Registry, SendMode, StepView};
 use serde::Deserialize;
 use tokenrouter_api::ModelIndex;
 use tokenrouter_runtime::sampling::entropy;
@@ -15,6 +15,10 @@ use tokenrouter_runtime::sampling::entropy;
 struct Stay;
 
 impl Policy for Stay {
+    fn needs(&self) -> Needs {
+        Needs::TOKENS_ONLY
+    }
+
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
         vec![Decision::STAY; step.rows.len()]
     }
@@ -26,6 +30,10 @@ struct Always {
 }
 
 impl Policy for Always {
+    fn needs(&self) -> Needs {
+        Needs::TOKENS_ONLY
+    }
+
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
         vec![Decision::go(self.to, None); step.rows.len()]
     }
@@ -36,6 +44,10 @@ impl Policy for Always {
 pub struct ReturnAfterOne;
 
 impl Policy for ReturnAfterOne {
+    fn needs(&self) -> Needs {
+        Needs::TOKENS_ONLY
+    }
+
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
         vec![Decision::go(0, None); step.rows.len()]
     }
@@ -106,6 +118,10 @@ pub struct Random {
 }
 
 impl Policy for Random {
+    fn needs(&self) -> Needs {
+        Needs::TOKENS_ONLY
+    }
+
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
         step.rows
             .iter()

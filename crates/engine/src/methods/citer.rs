@@ -74,7 +74,11 @@ impl CiterSlm {
 
 impl Policy for CiterSlm {
     fn needs(&self) -> Needs {
-        Needs { hidden: true }
+        // The router reads the hidden state only.
+        Needs {
+            hidden: true,
+            no_logits: true,
+        }
     }
 
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {

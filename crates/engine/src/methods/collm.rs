@@ -49,7 +49,11 @@ impl CoLlmSlm {
 
 impl Policy for CoLlmSlm {
     fn needs(&self) -> Needs {
-        Needs { hidden: true }
+        // The router reads the hidden state only.
+        Needs {
+            hidden: true,
+            no_logits: true,
+        }
     }
 
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {

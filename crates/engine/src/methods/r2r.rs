@@ -236,7 +236,10 @@ impl R2rSlm {
 
 impl Policy for R2rSlm {
     fn needs(&self) -> Needs {
-        Needs { hidden: true }
+        Needs {
+            hidden: true,
+            ..Needs::default()
+        }
     }
 
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
