@@ -91,7 +91,8 @@ pub struct BenchArgs {
     /// Sampling temperature (server default when absent).
     #[arg(long)]
     pub temperature: Option<f64>,
-    /// Seed: sent as the sampling `seed` and used for the Poisson arrivals.
+    /// Seed: request i is sent sampling `seed` + i (reproducible across runs, distinct per
+    /// request); also seeds the Poisson arrivals.
     #[arg(long)]
     pub seed: Option<u64>,
     /// Prompts: a built-in set (`math`, `code`, `long`) or a JSON array / JSONL file of objects

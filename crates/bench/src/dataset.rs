@@ -117,8 +117,8 @@ impl Prompt {
         }
     }
 
-    /// Streaming request body for this prompt.
-    pub fn body(&self, args: &BenchArgs, model: &str) -> Value {
+    /// Streaming request body for this prompt, as request number `index` of the run.
+    pub fn body(&self, args: &BenchArgs, model: &str, index: u64) -> Value {
         let mut body = Map::new();
         body.insert("model".into(), json!(model));
         match args.endpoint {
@@ -132,7 +132,9 @@ impl Prompt {
             body.insert("temperature".into(), json!(t));
         }
         if let Some(s) = args.seed {
-            body.insert("seed".into(), json!(s));
+            // Distinct per request (same across runs): one shared seed would make seeded
+            // routing policies route every concurrent request at the same positions.
+            body.insert("seed".into(), json!(s.wrapping_add(index)));
         }
         if args.ignore_eos {
             body.insert("ignore_eos".into(), json!(true));
@@ -187,7 +189,7 @@ mod tests {
     fn bodies_stream_with_usage_and_optional_fields() {
         let mut args = BenchArgs::from_flags(["--max-tokens", "9", "--ignore-eos", "--seed", "3"])
             .expect("flags");
-        let b = Prompt::Text("q".into()).body(&args, "m");
+        let b = Prompt::Text("q".into()).body(&args, "m", 0);
         assert_eq!(b["messages"][0]["content"], "q");
         assert_eq!(b["stream"], true);
         assert_eq!(b["stream_options"]["include_usage"], true);
@@ -201,7 +203,7 @@ mod tests {
             json!({"role": "system", "content": "s"}),
             json!({"role": "user", "content": "u"}),
         ]);
-        let b = msgs.body(&args, "m");
+        let b = msgs.body(&args, "m", 2);
         assert_eq!(b["prompt"], "s\n\nu");
         assert!(b.get("ignore_eos").is_none());
     }

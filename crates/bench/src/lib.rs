@@ -120,7 +120,7 @@ pub async fn run(args: BenchArgs) -> Result<Summary, BenchError> {
             index,
             prompt_index: i % prompts.len(),
             repeat,
-            body: prompts[i % prompts.len()].body(&args, &model),
+            body: prompts[i % prompts.len()].body(&args, &model, index as u64),
         })
         .collect();
     let total = jobs.len();

@@ -372,26 +372,13 @@ impl SubServer {
             all_logits: false,
         };
         let started = Instant::now();
-        let result = self.runner.step(&rows, opts);
-        let elapsed = started.elapsed().as_secs_f64();
-        let output = match result {
+        let output = match self.runner.step(&rows, opts) {
             Ok(o) => o,
             Err(e) => {
                 self.fail_batch(e, out);
                 return true;
             }
         };
-        let batch = rows.len();
-        let m = &self.shared.metrics;
-        m.step_latency
-            .with_label_values(&[self.name()])
-            .observe(elapsed);
-        m.batch_size
-            .with_label_values(&[self.name()])
-            .observe(batch as f64);
-        if let Ok(mut log) = self.shared.latency_log.lock() {
-            log.push((self.idx, batch, elapsed));
-        }
         let limit = self.sample_limit;
         let on_device = !self.runner.model().device().is_cpu()
             && self.needs.no_logits
@@ -429,6 +416,19 @@ impl SubServer {
                 return true;
             }
         };
+        // Timed until the results are on the host: GPU steps run asynchronously.
+        let elapsed = started.elapsed().as_secs_f64();
+        let batch = rows.len();
+        let m = &self.shared.metrics;
+        m.step_latency
+            .with_label_values(&[self.name()])
+            .observe(elapsed);
+        m.batch_size
+            .with_label_values(&[self.name()])
+            .observe(batch as f64);
+        if let Ok(mut log) = self.shared.latency_log.lock() {
+            log.push((self.idx, batch, elapsed));
+        }
         self.after_step(sampled, logits.as_deref(), output.hidden.as_ref(), out);
         self.publish();
         true
