@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod attention_device;
 pub mod config;
+pub mod cpu_q5;
 pub mod error;
 pub mod kv;
 pub mod load;

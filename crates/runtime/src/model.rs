@@ -5,6 +5,7 @@
 use crate::attention::{paged_attention, HeadDims, RopeTable, RowSpan};
 use crate::attention_device::{self, DeviceRope, StepPlan};
 use crate::config::ModelConfig;
+use crate::cpu_q5::Q5Matmul;
 use crate::error::Result;
 use crate::kv::{BlockTable, KvStore};
 use crate::weights::{Part, Role, WeightSource};
@@ -19,6 +20,8 @@ pub type Embedder = std::sync::Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor>
 /// A matmul with an optional bias.
 pub struct Linear {
     w: QMatMul,
+    /// Q5_0 weights on the CPU run on our SIMD kernel instead (see `cpu_q5.rs`).
+    q5: Option<Q5Matmul>,
     b: Option<Tensor>,
 }
 
@@ -37,11 +40,15 @@ impl Linear {
         } else {
             None
         };
-        Ok(Self { w, b })
+        let q5 = Q5Matmul::new(&w);
+        Ok(Self { w, q5, b })
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = self.w.forward(x)?;
+        let y = match &self.q5 {
+            Some(q5) => q5.forward(x)?,
+            None => self.w.forward(x)?,
+        };
         match &self.b {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
