@@ -25,8 +25,10 @@ const QK: usize = 32;
 const Q5_BYTES: usize = 22;
 /// Bytes of one Q8_0 block: f16 scale, 32 signed bytes.
 const Q8_BYTES: usize = 34;
-/// Activation rows multiplied with one decoded weight block.
-pub const TILE: usize = 4;
+/// Activation rows multiplied with one decoded weight block in prefill.
+pub const TILE: usize = 8;
+/// Activation rows whose block scales are stored side by side.
+const QUAD: usize = 4;
 /// Weight rows per work item.
 const ROWS_PER_ITEM: usize = 8;
 /// Below this many block products the pool's hand-off costs more than it saves.
@@ -37,35 +39,49 @@ const MIN_PARALLEL_BLOCKS: usize = 4096;
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == Q8_BYTES);
 const _: () = assert!(std::mem::align_of::<BlockQ8_0>() <= 2);
 
-/// Which dot-product kernel runs.
+/// Which dot-product kernel runs. The x86 kernels share one code path and differ only in
+/// the instruction that forms the per-block integer dot product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     /// Portable loop, the same arithmetic as candle's reference `vec_dot`.
     Scalar,
-    /// 256-bit integer kernel (AVX2, FMA, F16C).
+    /// 256-bit integer kernel (AVX2, FMA, F16C): `vpmaddubsw` + `vpmaddwd`.
     Avx2,
+    /// As [`Kernel::Avx2`] with the VEX `vpdpbusd` of AVX-VNNI.
+    AvxVnni,
+    /// As [`Kernel::Avx2`] with the 256-bit EVEX `vpdpbusd` of AVX512-VNNI (+VL).
+    Avx512Vnni,
 }
 
 impl Kernel {
     /// The fastest kernel this CPU runs.
     pub fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-            {
-                return Kernel::Avx2;
-            }
-        }
-        Kernel::Scalar
+        [Kernel::AvxVnni, Kernel::Avx512Vnni, Kernel::Avx2]
+            .into_iter()
+            .find(|k| k.available())
+            .unwrap_or(Kernel::Scalar)
     }
 
     /// Whether this CPU can run the kernel.
     pub fn available(self) -> bool {
-        match self {
-            Kernel::Scalar => true,
-            Kernel::Avx2 => Kernel::detect() == Kernel::Avx2,
+        #[cfg(target_arch = "x86_64")]
+        {
+            let base = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            match self {
+                Kernel::Scalar => true,
+                Kernel::Avx2 => base,
+                Kernel::AvxVnni => base && is_x86_feature_detected!("avxvnni"),
+                Kernel::Avx512Vnni => {
+                    base && is_x86_feature_detected!("avx512vnni")
+                        && is_x86_feature_detected!("avx512vl")
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Kernel::Scalar
         }
     }
 }
@@ -87,12 +103,13 @@ impl std::fmt::Debug for Q5Matmul {
 
 impl Q5Matmul {
     /// Takes over `w` when it is a Q5_0 matrix on the CPU; `None` leaves it to candle.
-    /// `TOKENROUTER_CPU_Q5=candle` turns this path off, `=scalar` forces the portable kernel
-    /// (both for A/B measurements).
+    /// `TOKENROUTER_CPU_Q5=candle` turns this path off, `=scalar` / `=avx2` force a kernel
+    /// (for A/B measurements).
     pub fn new(w: &QMatMul) -> Option<Self> {
         let kernel = match std::env::var("TOKENROUTER_CPU_Q5").as_deref() {
             Ok("candle") => return None,
             Ok("scalar") => Kernel::Scalar,
+            Ok("avx2") => Kernel::Avx2,
             _ => Kernel::detect(),
         };
         Self::with_kernel(w, kernel)
@@ -185,10 +202,17 @@ fn par_chunks(n: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) 
     }
 }
 
-/// Activations quantized to Q8_0: the blocks as bytes plus each block's scale as f32.
+/// Activations quantized to Q8_0, with each block's scale as f32 twice: row-major, and
+/// interleaved by groups of [`QUAD`] rows so a tile kernel loads a block's four scales at once.
 struct QuantizedLhs {
     blocks: Vec<BlockQ8_0>,
+    /// `[m, kb]`.
     scales: Vec<f32>,
+    /// `[m.div_ceil(QUAD), kb, QUAD]`, zero past row `m`.
+    quads: Vec<f32>,
+    /// `[m, kb]`: -16 times the sum of the block's values. The x86 kernels multiply the
+    /// weights as unsigned `x + 16` and add this to get the dot product with `x`.
+    corr: Vec<i32>,
     kb: usize,
 }
 
@@ -217,15 +241,44 @@ impl QuantizedLhs {
                 }
             }
         });
-        Self { blocks, scales, kb }
+        let corr = as_bytes(&blocks)
+            .chunks_exact(Q8_BYTES)
+            .map(|b| -16 * b[2..].iter().map(|&v| v as i8 as i32).sum::<i32>())
+            .collect();
+        let mut quads = vec![0f32; m.div_ceil(QUAD) * kb * QUAD];
+        for (r, row) in scales.chunks_exact(kb).enumerate() {
+            let base = (r / QUAD) * kb * QUAD + r % QUAD;
+            for (b, &s) in row.iter().enumerate() {
+                quads[base + b * QUAD] = s;
+            }
+        }
+        Self {
+            blocks,
+            scales,
+            quads,
+            corr,
+            kb,
+        }
     }
 
-    fn row(&self, r: usize) -> (&[u8], &[f32]) {
-        let kb = self.kb;
-        (
-            &as_bytes(&self.blocks)[r * kb * Q8_BYTES..(r + 1) * kb * Q8_BYTES],
-            &self.scales[r * kb..(r + 1) * kb],
-        )
+    /// Row `r`'s blocks as bytes.
+    fn row(&self, r: usize) -> &[u8] {
+        let len = self.kb * Q8_BYTES;
+        &as_bytes(&self.blocks)[r * len..(r + 1) * len]
+    }
+
+    fn row_scales(&self, r: usize) -> &[f32] {
+        &self.scales[r * self.kb..(r + 1) * self.kb]
+    }
+
+    fn row_corr(&self, r: usize) -> &[i32] {
+        &self.corr[r * self.kb..(r + 1) * self.kb]
+    }
+
+    /// Interleaved scales of the `width / QUAD` row groups from row `start` (a multiple of 4).
+    fn quad_scales(&self, start: usize, width: usize) -> &[f32] {
+        let g = start / QUAD;
+        &self.quads[g * self.kb * QUAD..(g + width / QUAD) * self.kb * QUAD]
     }
 }
 
@@ -238,6 +291,35 @@ fn as_bytes(b: &[BlockQ8_0]) -> &[u8] {
 #[inline]
 fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// A run of activation rows that one kernel call multiplies with a weight row: `rows` real
+/// rows from `start`, computed `width` (1, 4 or 8) at a time; rows past `rows` are padding.
+#[derive(Clone, Copy, Debug)]
+struct Tile {
+    start: usize,
+    rows: usize,
+    width: usize,
+}
+
+/// Cover `0..m` with 8-wide tiles, then at most one 4-wide tile and one 4-wide (padded) or
+/// single-row tile. Tile starts are multiples of 4, as the interleaved scales need.
+fn tiles(m: usize) -> Vec<Tile> {
+    let mut out: Vec<Tile> = (0..m / TILE)
+        .map(|t| Tile {
+            start: t * TILE,
+            rows: TILE,
+            width: TILE,
+        })
+        .collect();
+    let mut start = m / TILE * TILE;
+    while start < m {
+        let rows = (m - start).min(QUAD);
+        let width = if rows == 1 { 1 } else { QUAD };
+        out.push(Tile { start, rows, width });
+        start += rows;
+    }
+    out
 }
 
 /// `out[m, n] = x[m, k] @ w^T` for Q5_0 weight bytes `w` (`n` rows of `k / 32` blocks).
@@ -269,27 +351,22 @@ pub fn matmul(
         return Ok(());
     }
     let lhs = QuantizedLhs::new(x, m, k);
-    let tiles = m.div_ceil(TILE);
+    let tiles = tiles(m);
+    let nt = tiles.len();
     let groups = n.div_ceil(ROWS_PER_ITEM);
     let out_ptr = SharedMut(out.as_mut_ptr());
     // Items are weight-row-group major: a worker walking a range keeps one group of weight
     // rows in L1 while the (small) quantized activations stream from L2.
-    par_chunks(groups * tiles, m * n * kb, |items| {
+    par_chunks(groups * nt, m * n * kb, |items| {
         for item in items {
-            let (g, t) = (item / tiles, item % tiles);
-            let rows = t * TILE..m.min((t + 1) * TILE);
+            let (g, tile) = (item / nt, tiles[item % nt]);
             for wr in g * ROWS_PER_ITEM..n.min((g + 1) * ROWS_PER_ITEM) {
                 let wrow = &w[wr * kb * Q5_BYTES..(wr + 1) * kb * Q5_BYTES];
-                let mut acts: [(&[u8], &[f32]); TILE] = [(&[], &[]); TILE];
-                for (a, r) in acts.iter_mut().zip(rows.clone()) {
-                    *a = lhs.row(r);
-                }
-                let mut dots = [0f32; TILE];
-                dot_tile(kernel, wrow, &acts[..rows.len()], &mut dots);
-                for (i, r) in rows.clone().enumerate() {
-                    // SAFETY: element (r, wr) belongs to this item alone (items partition the
-                    // (row tile, weight group) grid) and `out` outlives the pool call.
-                    unsafe { *out_ptr.get().add(r * n + wr) = dots[i] };
+                let dots = dot_tile(kernel, wrow, &lhs, tile);
+                for (i, d) in dots.iter().take(tile.rows).enumerate() {
+                    // SAFETY: element (row, wr) belongs to this item alone (items partition
+                    // the (weight group, tile) grid) and `out` outlives the pool call.
+                    unsafe { *out_ptr.get().add((tile.start + i) * n + wr) = *d };
                 }
             }
         }
@@ -297,25 +374,55 @@ pub fn matmul(
     Ok(())
 }
 
-/// Dot products of one weight row with 1..=TILE activation rows.
-fn dot_tile(kernel: Kernel, w: &[u8], acts: &[(&[u8], &[f32])], dots: &mut [f32; TILE]) {
+/// Runs one x86 kernel module's tile kernels for `dot_tile`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86_tile {
+    ($module:ident, $w:expr, $lhs:expr, $tile:expr, $dots:expr) => {{
+        let (w, lhs, tile): (&[u8], &QuantizedLhs, Tile) = ($w, $lhs, $tile);
+        let row = |i: usize| tile.start + if i < tile.rows { i } else { 0 };
+        let acts: [(&[u8], &[i32]); TILE] =
+            std::array::from_fn(|i| (lhs.row(row(i)), lhs.row_corr(row(i))));
+        // SAFETY: `matmul` checked that the CPU runs this kernel; the kernels check the
+        // slice lengths against the weight row's block count.
+        unsafe {
+            match tile.width {
+                1 => {
+                    let (q, c) = acts[0];
+                    $dots[0] = $module::dot1(w, q, c, lhs.row_scales(tile.start));
+                }
+                QUAD => {
+                    let q = lhs.quad_scales(tile.start, QUAD);
+                    $module::dot_quads::<1>(w, &acts[..QUAD], q, &mut $dots)
+                }
+                _ => {
+                    let q = lhs.quad_scales(tile.start, TILE);
+                    $module::dot_quads::<2>(w, &acts, q, &mut $dots)
+                }
+            }
+        }
+    }};
+}
+
+/// Dot products of one weight row with the rows of a tile (padding rows give garbage).
+fn dot_tile(kernel: Kernel, w: &[u8], lhs: &QuantizedLhs, tile: Tile) -> [f32; TILE] {
+    let mut dots = [0f32; TILE];
     match kernel {
         Kernel::Scalar => {
-            for (d, (q, s)) in dots.iter_mut().zip(acts) {
-                *d = dot_scalar(w, q, s);
+            for (i, d) in dots.iter_mut().take(tile.rows).enumerate() {
+                let r = tile.start + i;
+                *d = dot_scalar(w, lhs.row(r), lhs.row_scales(r));
             }
         }
-        Kernel::Avx2 => {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `matmul` checked that the CPU has AVX2, FMA and F16C; the slices hold
-            // whole rows of the same block count (checked inside).
-            unsafe {
-                avx2::dot_tile(w, acts, dots)
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("Kernel::Avx2 is never available off x86_64");
-        }
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => x86_tile!(avx2, w, lhs, tile, dots),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::AvxVnni => x86_tile!(avx_vnni, w, lhs, tile, dots),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni => x86_tile!(avx512_vnni, w, lhs, tile, dots),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("only the scalar kernel is available off x86_64"),
     }
+    dots
 }
 
 /// One weight row against one activation row, block by block like candle's reference loop:
@@ -343,106 +450,173 @@ fn dot_scalar(w: &[u8], q: &[u8], scales: &[f32]) -> f32 {
     sum
 }
 
+/// The x86 kernels, instantiated once per instruction set: `$features` are the target
+/// features, `$dot(acc, xu, y)` adds the dot products of each 4 unsigned bytes of `xu` with
+/// the signed bytes of `y` to the i32 lanes of `acc`.
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{Q5_BYTES, Q8_BYTES, TILE};
-    use std::arch::x86_64::*;
+macro_rules! x86_kernels {
+    ($module:ident, $features:literal, $dot:expr) => {
+        mod $module {
+            use super::{Q5_BYTES, Q8_BYTES, QUAD, TILE};
+            use std::arch::x86_64::*;
 
-    /// One weight row against `acts.len()` (1..=TILE) activation rows.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, FMA and F16C.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_tile(w: &[u8], acts: &[(&[u8], &[f32])], dots: &mut [f32; TILE]) {
-        match acts.len() {
-            4 => dot_n::<4>(w, acts, dots),
-            3 => dot_n::<3>(w, acts, dots),
-            2 => dot_n::<2>(w, acts, dots),
-            1 => dot_n::<1>(w, acts, dots),
-            _ => {}
-        }
-    }
+            /// The 32 weights of one Q5_0 block plus 16, as unsigned bytes in 0..=31.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn decode(p: *const u8) -> __m256i {
+                // Low nibbles are values 0..16, high nibbles values 16..32.
+                let qs = _mm_loadu_si128(p.add(6) as *const __m128i);
+                let m4 = _mm_set1_epi8(0x0f);
+                let lo = _mm_and_si128(qs, m4);
+                let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
+                let nib = _mm256_set_m128i(hi, lo);
+                // Bit i of qh is the fifth bit of value i: spread it to a 0x00 / 0xff byte.
+                let qh = std::ptr::read_unaligned(p.add(2) as *const i32);
+                let spread = _mm256_shuffle_epi8(
+                    _mm256_set1_epi32(qh),
+                    _mm256_setr_epi8(
+                        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                    ),
+                );
+                let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+                _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+            }
 
-    /// The 32 weights of one Q5_0 block as signed bytes in -16..=15.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode(p: *const u8) -> __m256i {
-        // Low nibbles are values 0..16, high nibbles values 16..32.
-        let qs = _mm_loadu_si128(p.add(6) as *const __m128i);
-        let m4 = _mm_set1_epi8(0x0f);
-        let lo = _mm_and_si128(qs, m4);
-        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
-        let nib = _mm256_set_m128i(hi, lo);
-        // Bit i of qh is the fifth bit of value i: spread it to a 0x00 / 0xff byte.
-        let qh = std::ptr::read_unaligned(p.add(2) as *const i32);
-        let spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(qh),
-            _mm256_setr_epi8(
-                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
-                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-            ),
-        );
-        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-        // value = (nib | hbit << 4) - 16: with the bit it is nib, without it nib | 0xf0 as i8.
-        _mm256_or_si256(
-            nib,
-            _mm256_andnot_si256(set, _mm256_set1_epi8(0xf0u8 as i8)),
-        )
-    }
+            /// A block's f16 scale in all eight lanes. (Converting a broadcast keeps every
+            /// lane in use; a one-lane convert lets the compiler merge into an unrelated
+            /// register, which put the accumulator on the critical path.)
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn f16_splat(p: *const u8) -> __m256 {
+                let bits = std::ptr::read_unaligned(p as *const i16);
+                _mm256_cvtph_ps(_mm_set1_epi16(bits))
+            }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16_to_f32(p: *const u8) -> f32 {
-        let bits = std::ptr::read_unaligned(p as *const u16);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-    }
+            /// Eight i32 lanes summing to the exact dot product of the block's weights
+            /// (`xu - 16`) with the 32 i8 at `y`; `corr` is -16 times the sum of those i8.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn block_dot(xu: __m256i, y: *const u8, corr: i32) -> __m256i {
+                let y = _mm256_loadu_si256(y as *const __m256i);
+                let acc = _mm256_zextsi128_si256(_mm_cvtsi32_si128(corr));
+                #[allow(clippy::redundant_closure_call)]
+                ($dot)(acc, xu, y)
+            }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
+            /// One weight row against one activation row.
+            ///
+            /// # Safety
+            /// The CPU must support `$features`.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn dot1(w: &[u8], q: &[u8], corr: &[i32], scales: &[f32]) -> f32 {
+                let kb = w.len() / Q5_BYTES;
+                // Real checks: the loop reads kb blocks through raw pointers.
+                assert!(q.len() == kb * Q8_BYTES && corr.len() == kb && scales.len() == kb);
+                // (sum * d_y) * d_x of block b.
+                let term = |b: usize| {
+                    let wb = w.as_ptr().add(b * Q5_BYTES);
+                    let p = block_dot(
+                        decode(wb),
+                        q.as_ptr().add(b * Q8_BYTES + 2),
+                        *corr.get_unchecked(b),
+                    );
+                    let dy = _mm256_set1_ps(*scales.get_unchecked(b));
+                    (_mm256_mul_ps(_mm256_cvtepi32_ps(p), dy), f16_splat(wb))
+                };
+                // Two accumulators (even and odd blocks) halve the fma latency chain.
+                let (mut even, mut odd) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                for b in (0..kb & !1).step_by(2) {
+                    let (t, d) = term(b);
+                    even = _mm256_fmadd_ps(t, d, even);
+                    let (t, d) = term(b + 1);
+                    odd = _mm256_fmadd_ps(t, d, odd);
+                }
+                if kb & 1 == 1 {
+                    let (t, d) = term(kb - 1);
+                    even = _mm256_fmadd_ps(t, d, even);
+                }
+                let acc = _mm256_add_ps(even, odd);
+                let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+            }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_n<const C: usize>(w: &[u8], acts: &[(&[u8], &[f32])], dots: &mut [f32; TILE]) {
-        let kb = w.len() / Q5_BYTES;
-        assert!(acts.len() == C && C <= TILE);
-        let mut qp = [std::ptr::null::<u8>(); C];
-        let mut sp = [std::ptr::null::<f32>(); C];
-        for c in 0..C {
-            // Real checks: the loop below reads kb blocks of every row through raw pointers.
-            assert!(acts[c].0.len() == kb * Q8_BYTES && acts[c].1.len() == kb);
-            qp[c] = acts[c].0.as_ptr();
-            sp[c] = acts[c].1.as_ptr();
-        }
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); C];
-        let wp = w.as_ptr();
-        for b in 0..kb {
-            let wb = wp.add(b * Q5_BYTES);
-            let x = decode(wb);
-            // maddubs wants unsigned x signed: |x| times y with x's sign moved onto y.
-            let ax = _mm256_sign_epi8(x, x);
-            let dx = _mm256_set1_ps(f16_to_f32(wb));
-            for c in 0..C {
-                let y = _mm256_loadu_si256(qp[c].add(b * Q8_BYTES + 2) as *const __m256i);
-                let sy = _mm256_sign_epi8(y, x);
-                // |x| <= 16, |y| <= 127: pair sums stay far inside i16.
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
-                let d = _mm256_mul_ps(dx, _mm256_broadcast_ss(&*sp[c].add(b)));
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[c]);
+            /// One weight row against `4 * G` activation rows (`acts`: blocks and
+            /// corrections), with the rows' block scales interleaved by four (`quads`:
+            /// `[G, kb, 4]`). Each decoded weight block serves all rows; the four rows of a
+            /// quad share one convert / scale / accumulate after their integer lanes are
+            /// folded together with horizontal adds.
+            ///
+            /// # Safety
+            /// The CPU must support `$features`.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn dot_quads<const G: usize>(
+                w: &[u8],
+                acts: &[(&[u8], &[i32])],
+                quads: &[f32],
+                dots: &mut [f32; TILE],
+            ) {
+                let kb = w.len() / Q5_BYTES;
+                // Real checks: the loop reads kb blocks of every row through raw pointers.
+                assert!(4 * G <= TILE && acts.len() == 4 * G && quads.len() == G * kb * QUAD);
+                let mut qp = [std::ptr::null::<u8>(); TILE];
+                let mut cp = [std::ptr::null::<i32>(); TILE];
+                for ((q, c), (aq, ac)) in qp.iter_mut().zip(cp.iter_mut()).zip(acts) {
+                    assert!(aq.len() == kb * Q8_BYTES && ac.len() == kb);
+                    *q = aq.as_ptr().add(2);
+                    *c = ac.as_ptr();
+                }
+                let mut acc = [_mm256_setzero_ps(); G];
+                for b in 0..kb {
+                    let wb = w.as_ptr().add(b * Q5_BYTES);
+                    let xu = decode(wb);
+                    let dx = f16_splat(wb);
+                    for (g, acc) in acc.iter_mut().enumerate() {
+                        let r = 4 * g;
+                        let off = b * Q8_BYTES;
+                        let p0 = block_dot(xu, qp[r].add(off), *cp[r].add(b));
+                        let p1 = block_dot(xu, qp[r + 1].add(off), *cp[r + 1].add(b));
+                        let p2 = block_dot(xu, qp[r + 2].add(off), *cp[r + 2].add(b));
+                        let p3 = block_dot(xu, qp[r + 3].add(off), *cp[r + 3].add(b));
+                        // Lanes [r0, r1, r2, r3] of each 128-bit half: half of each row's sum.
+                        let h =
+                            _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+                        let dy = _mm256_broadcast_ps(
+                            &*(quads.as_ptr().add((g * kb + b) * QUAD) as *const __m128),
+                        );
+                        // (sum * d_y) * d_x.
+                        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(h), dy);
+                        *acc = _mm256_fmadd_ps(t, dx, *acc);
+                    }
+                }
+                for (g, acc) in acc.iter().enumerate() {
+                    let s =
+                        _mm_add_ps(_mm256_castps256_ps128(*acc), _mm256_extractf128_ps(*acc, 1));
+                    _mm_storeu_ps(dots.as_mut_ptr().add(4 * g), s);
+                }
             }
         }
-        for c in 0..C {
-            dots[c] = hsum(acc[c]);
-        }
-    }
+    };
 }
+
+// xu <= 31 and |y| <= 128 keep maddubs' pair sums (<= 7936) inside i16.
+#[cfg(target_arch = "x86_64")]
+x86_kernels!(avx2, "avx2,fma,f16c", |acc, xu, y| _mm256_add_epi32(
+    acc,
+    _mm256_madd_epi16(_mm256_maddubs_epi16(xu, y), _mm256_set1_epi16(1))
+));
+#[cfg(target_arch = "x86_64")]
+x86_kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", |acc, xu, y| {
+    _mm256_dpbusd_avx_epi32(acc, xu, y)
+});
+#[cfg(target_arch = "x86_64")]
+x86_kernels!(
+    avx512_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    |acc, xu, y| _mm256_dpbusd_epi32(acc, xu, y)
+);
 
 #[cfg(test)]
 mod tests {
@@ -477,11 +651,15 @@ mod tests {
     }
 
     fn kernels() -> Vec<Kernel> {
-        let mut k = vec![Kernel::Scalar];
-        if Kernel::Avx2.available() {
-            k.push(Kernel::Avx2);
-        }
-        k
+        [
+            Kernel::Scalar,
+            Kernel::Avx2,
+            Kernel::AvxVnni,
+            Kernel::Avx512Vnni,
+        ]
+        .into_iter()
+        .filter(|k| k.available())
+        .collect()
     }
 
     #[test]
@@ -534,10 +712,15 @@ mod tests {
 
     #[test]
     fn simd_matches_scalar() {
-        if !Kernel::Avx2.available() {
-            return;
-        }
-        for (n, k, m) in [(896, 896, 1), (130, 4864, 7), (896, 96, 64), (8, 32, 2)] {
+        // Row counts cover every tile shape: 8-wide, 4-wide, padded 4-wide and single rows.
+        for (n, k, m) in [
+            (896, 896, 1),
+            (130, 4864, 7),
+            (896, 96, 64),
+            (8, 32, 2),
+            (33, 128, 13),
+            (17, 64, 6),
+        ] {
             let w = q5_weight(n, k, 5 + n as u64);
             let x = Tensor::from_vec(values(m * k, 13), (m, k), &Device::Cpu).unwrap();
             let run = |kernel| {
@@ -549,8 +732,14 @@ mod tests {
                     .to_vec1::<f32>()
                     .unwrap()
             };
-            let d = rel_diff(&run(Kernel::Avx2), &run(Kernel::Scalar));
-            assert!(d <= 1e-5, "[{m}x{k}] x [{n}x{k}]^T: rel diff {d}");
+            let scalar = run(Kernel::Scalar);
+            for kernel in kernels().into_iter().skip(1) {
+                let d = rel_diff(&run(kernel), &scalar);
+                assert!(
+                    d <= 1e-5,
+                    "{kernel:?} [{m}x{k}] x [{n}x{k}]^T: rel diff {d}"
+                );
+            }
         }
     }
 
@@ -641,30 +830,46 @@ mod tests {
         assert!(matmul(Kernel::Scalar, &[0u8; 22], 1, 32, &[0f32; 32], &mut out).is_err());
     }
 
+    /// CPU time of the calling thread in ms (`/proc/thread-self/schedstat`), 0 if unknown.
+    fn thread_cpu_ms() -> f64 {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(0.0, |ns| ns / 1e6)
+    }
+
     /// `cargo test --release -p tokenrouter-runtime cpu_q5::tests::speed -- --ignored --nocapture`
+    /// (with `RAYON_NUM_THREADS=1` the CPU-time column is the kernel's cost on one core,
+    /// whatever else runs on the machine).
     #[test]
     #[ignore]
     fn speed() {
         let (n, k) = (4864, 896);
         let w = q5_weight(n, k, 1);
-        let ours = Q5Matmul::new(&w).unwrap();
-        for m in [1, 16, 128] {
+        for m in [1, 16, 128, 512] {
             let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
-            let reps = 2048 / m;
+            let reps = (4096 / m).max(8);
+            // Fastest wall time of several runs (the machine may be shared), and mean
+            // CPU time of this thread.
             let time = |f: &dyn Fn() -> Tensor| {
-                f();
-                let t = std::time::Instant::now();
-                for _ in 0..reps {
-                    f();
-                }
-                t.elapsed().as_secs_f64() / reps as f64 * 1e3
+                let cpu = thread_cpu_ms();
+                let wall = (0..reps)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        f();
+                        t.elapsed().as_secs_f64() * 1e3
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                (wall, (thread_cpu_ms() - cpu) / reps as f64)
             };
-            let c = time(&|| w.forward(&x).unwrap());
-            let o = time(&|| ours.forward(&x).unwrap());
-            println!(
-                "m={m:4} [{n}x{k}]: candle {c:.3} ms, ours {o:.3} ms ({:.1}x)",
-                c / o
-            );
+            let (c, cc) = time(&|| w.forward(&x).unwrap());
+            let mut line = format!("m={m:4} [{n}x{k}]: candle {c:.3} ms (cpu {cc:.3})");
+            for kernel in kernels() {
+                let ours = Q5Matmul::with_kernel(&w, kernel).unwrap();
+                let (o, oc) = time(&|| ours.forward(&x).unwrap());
+                line += &format!(", {kernel:?} {o:.3} (cpu {oc:.3})");
+            }
+            println!("{line}");
         }
     }
 }
