@@ -3,16 +3,22 @@
 //! Small models whose hidden size is not a multiple of 256 (Qwen2.5-0.5B: 896) cannot use
 //! k-quants, so their GGUF files store most matrices as Q5_0. candle 0.11 has no SIMD dot
 //! product for Q5_0 x Q8_0 (`BlockQ5_0::vec_dot` is the scalar reference loop), which made
-//! it half of a decode profile and left prefill at a quarter of llama.cpp's speed. This
-//! module computes the same thing as candle's `QMatMul::forward` for such weights:
-//! activations are quantized per row with candle's own `BlockQ8_0::from_float`, each
-//! 32-value block pair gives an exact integer dot product, which is scaled by the two f16
-//! block scales and accumulated in f32. Only the summation order differs from candle's.
+//! it half of a decode profile and left prefill at a quarter of llama.cpp's speed.
 //!
-//! Kernels: AVX2 (+FMA, F16C) when the CPU has it (checked at run time), and a portable
-//! scalar loop otherwise. Work is split over output rows (and tiles of activation rows) on
-//! candle's own barrier pool, the pool attention already uses. For prefill each weight block
-//! is decoded once and multiplied with [`TILE`] activation rows.
+//! This module computes exactly what candle's `QMatMul::forward` computes for such weights,
+//! bit for bit: activations are quantized per row with candle's own `BlockQ8_0::from_float`;
+//! each 32-value block pair gives an exact integer dot product `s`; and each output is
+//! `sum += (s as f32 * d_w) * d_x` over the blocks in order, in f32 without fused
+//! multiply-adds. Keeping candle's rounding matters: the model quantizes activations again
+//! at every layer, so even last-bit differences grow into visibly different logits.
+//!
+//! Kernels: 256-bit x86 ones (AVX2 + FMA + F16C, optionally AVX-VNNI or AVX512-VNNI for the
+//! integer part) when the CPU has them, checked at run time, and a portable scalar loop
+//! otherwise. The SIMD kernels get their speed from computing many outputs at once: eight
+//! activation rows against one weight row (prefill), or eight weight rows against one
+//! activation row (decode), so that the per-block float steps run on full vectors. Work is
+//! split over weight rows and activation tiles on candle's own barrier pool, the pool CPU
+//! attention already uses.
 
 use candle_core::quantized::k_quants::{BlockQ8_0, GgmlType};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
@@ -25,12 +31,8 @@ const QK: usize = 32;
 const Q5_BYTES: usize = 22;
 /// Bytes of one Q8_0 block: f16 scale, 32 signed bytes.
 const Q8_BYTES: usize = 34;
-/// Activation rows multiplied with one decoded weight block in prefill.
-pub const TILE: usize = 8;
-/// Activation rows whose block scales are stored side by side.
-const QUAD: usize = 4;
-/// Weight rows per work item.
-const ROWS_PER_ITEM: usize = 8;
+/// Rows computed together: activation rows per prefill tile, weight rows per work item.
+const TILE: usize = 8;
 /// Below this many block products the pool's hand-off costs more than it saves.
 const MIN_PARALLEL_BLOCKS: usize = 4096;
 
@@ -202,14 +204,14 @@ fn par_chunks(n: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) 
     }
 }
 
-/// Activations quantized to Q8_0, with each block's scale as f32 twice: row-major, and
-/// interleaved by groups of [`QUAD`] rows so a tile kernel loads a block's four scales at once.
+/// Activations quantized to Q8_0, plus what the kernels want per block.
 struct QuantizedLhs {
     blocks: Vec<BlockQ8_0>,
-    /// `[m, kb]`.
+    /// `[m, kb]` block scales as f32.
     scales: Vec<f32>,
-    /// `[m.div_ceil(QUAD), kb, QUAD]`, zero past row `m`.
-    quads: Vec<f32>,
+    /// The same scales as `[m.div_ceil(TILE), kb, TILE]` (zero past row `m`), so a tile
+    /// kernel loads one block's eight scales at once.
+    tiled: Vec<f32>,
     /// `[m, kb]`: -16 times the sum of the block's values. The x86 kernels multiply the
     /// weights as unsigned `x + 16` and add this to get the dot product with `x`.
     corr: Vec<i32>,
@@ -221,41 +223,42 @@ impl QuantizedLhs {
         let kb = k / QK;
         let mut blocks = vec![BlockQ8_0::zeros(); m * kb];
         let mut scales = vec![0f32; m * kb];
-        let (bp, sp) = (
+        let mut corr = vec![0i32; m * kb];
+        let ptrs = (
             SharedMut(blocks.as_mut_ptr()),
             SharedMut(scales.as_mut_ptr()),
+            SharedMut(corr.as_mut_ptr()),
         );
         par_chunks(m, m * kb, |rows| {
+            let (bp, sp, cp) = ptrs;
             for r in rows {
-                // SAFETY: row r owns blocks and scales r*kb..(r+1)*kb; both vectors outlive
-                // the call.
-                let (b, s) = unsafe {
+                // SAFETY: row r owns elements r*kb..(r+1)*kb of the three vectors, which
+                // outlive the call.
+                let (b, s, c) = unsafe {
                     (
                         std::slice::from_raw_parts_mut(bp.get().add(r * kb), kb),
                         std::slice::from_raw_parts_mut(sp.get().add(r * kb), kb),
+                        std::slice::from_raw_parts_mut(cp.get().add(r * kb), kb),
                     )
                 };
                 BlockQ8_0::from_float(&x[r * k..(r + 1) * k], b);
-                for (s, blk) in s.iter_mut().zip(as_bytes(b).chunks_exact(Q8_BYTES)) {
+                for ((s, c), blk) in s.iter_mut().zip(c).zip(as_bytes(b).chunks_exact(Q8_BYTES)) {
                     *s = f16_at(blk, 0);
+                    *c = -16 * blk[2..].iter().map(|&v| v as i8 as i32).sum::<i32>();
                 }
             }
         });
-        let corr = as_bytes(&blocks)
-            .chunks_exact(Q8_BYTES)
-            .map(|b| -16 * b[2..].iter().map(|&v| v as i8 as i32).sum::<i32>())
-            .collect();
-        let mut quads = vec![0f32; m.div_ceil(QUAD) * kb * QUAD];
+        let mut tiled = vec![0f32; m.div_ceil(TILE) * kb * TILE];
         for (r, row) in scales.chunks_exact(kb).enumerate() {
-            let base = (r / QUAD) * kb * QUAD + r % QUAD;
+            let base = (r / TILE) * kb * TILE + r % TILE;
             for (b, &s) in row.iter().enumerate() {
-                quads[base + b * QUAD] = s;
+                tiled[base + b * TILE] = s;
             }
         }
         Self {
             blocks,
             scales,
-            quads,
+            tiled,
             corr,
             kb,
         }
@@ -275,10 +278,10 @@ impl QuantizedLhs {
         &self.corr[r * self.kb..(r + 1) * self.kb]
     }
 
-    /// Interleaved scales of the `width / QUAD` row groups from row `start` (a multiple of 4).
-    fn quad_scales(&self, start: usize, width: usize) -> &[f32] {
-        let g = start / QUAD;
-        &self.quads[g * self.kb * QUAD..(g + width / QUAD) * self.kb * QUAD]
+    /// Interleaved scales of the tile starting at row `start` (a multiple of [`TILE`]).
+    fn tile_scales(&self, start: usize) -> &[f32] {
+        let t = start / TILE;
+        &self.tiled[t * self.kb * TILE..(t + 1) * self.kb * TILE]
     }
 }
 
@@ -293,33 +296,22 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
-/// A run of activation rows that one kernel call multiplies with a weight row: `rows` real
-/// rows from `start`, computed `width` (1, 4 or 8) at a time; rows past `rows` are padding.
+/// Activation rows `start..start + rows` (at most [`TILE`]; `start` a multiple of it).
+/// A tile of several rows runs one weight row at a time against all of them, padded to
+/// eight; a tile of one row runs eight weight rows at a time against it instead.
 #[derive(Clone, Copy, Debug)]
 struct Tile {
     start: usize,
     rows: usize,
-    width: usize,
 }
 
-/// Cover `0..m` with 8-wide tiles, then at most one 4-wide tile and one 4-wide (padded) or
-/// single-row tile. Tile starts are multiples of 4, as the interleaved scales need.
 fn tiles(m: usize) -> Vec<Tile> {
-    let mut out: Vec<Tile> = (0..m / TILE)
+    (0..m.div_ceil(TILE))
         .map(|t| Tile {
             start: t * TILE,
-            rows: TILE,
-            width: TILE,
+            rows: TILE.min(m - t * TILE),
         })
-        .collect();
-    let mut start = m / TILE * TILE;
-    while start < m {
-        let rows = (m - start).min(QUAD);
-        let width = if rows == 1 { 1 } else { QUAD };
-        out.push(Tile { start, rows, width });
-        start += rows;
-    }
-    out
+        .collect()
 }
 
 /// `out[m, n] = x[m, k] @ w^T` for Q5_0 weight bytes `w` (`n` rows of `k / 32` blocks).
@@ -353,20 +345,39 @@ pub fn matmul(
     let lhs = QuantizedLhs::new(x, m, k);
     let tiles = tiles(m);
     let nt = tiles.len();
-    let groups = n.div_ceil(ROWS_PER_ITEM);
+    let groups = n.div_ceil(TILE);
+    let row_bytes = kb * Q5_BYTES;
     let out_ptr = SharedMut(out.as_mut_ptr());
-    // Items are weight-row-group major: a worker walking a range keeps one group of weight
-    // rows in L1 while the (small) quantized activations stream from L2.
+    // Items are weight-group major: a worker walking a range keeps one group of eight
+    // weight rows in L1 while the (small) quantized activations stream from L2.
     par_chunks(groups * nt, m * n * kb, |items| {
         for item in items {
             let (g, tile) = (item / nt, tiles[item % nt]);
-            for wr in g * ROWS_PER_ITEM..n.min((g + 1) * ROWS_PER_ITEM) {
-                let wrow = &w[wr * kb * Q5_BYTES..(wr + 1) * kb * Q5_BYTES];
-                let dots = dot_tile(kernel, wrow, &lhs, tile);
-                for (i, d) in dots.iter().take(tile.rows).enumerate() {
-                    // SAFETY: element (row, wr) belongs to this item alone (items partition
-                    // the (weight group, tile) grid) and `out` outlives the pool call.
-                    unsafe { *out_ptr.get().add((tile.start + i) * n + wr) = *d };
+            let wrows = g * TILE..n.min((g + 1) * TILE);
+            // SAFETY (writes below): element (row, wr) belongs to this item alone (items
+            // partition the (weight group, tile) grid) and `out` outlives the pool call.
+            if tile.rows == 1 {
+                // Eight weight rows (padded with the group's first) against one row.
+                let wrow = |i: usize| {
+                    let r = if wrows.start + i < wrows.end {
+                        wrows.start + i
+                    } else {
+                        wrows.start
+                    };
+                    &w[r * row_bytes..(r + 1) * row_bytes]
+                };
+                let ws: [&[u8]; TILE] = std::array::from_fn(wrow);
+                let dots = dot_weights(kernel, &ws, &lhs, tile.start);
+                for (wr, d) in wrows.zip(dots) {
+                    unsafe { *out_ptr.get().add(tile.start * n + wr) = d };
+                }
+            } else {
+                for wr in wrows {
+                    let dots =
+                        dot_acts(kernel, &w[wr * row_bytes..(wr + 1) * row_bytes], &lhs, tile);
+                    for (i, d) in dots.iter().take(tile.rows).enumerate() {
+                        unsafe { *out_ptr.get().add((tile.start + i) * n + wr) = *d };
+                    }
                 }
             }
         }
@@ -374,55 +385,51 @@ pub fn matmul(
     Ok(())
 }
 
-/// Runs one x86 kernel module's tile kernels for `dot_tile`.
-#[cfg(target_arch = "x86_64")]
-macro_rules! x86_tile {
-    ($module:ident, $w:expr, $lhs:expr, $tile:expr, $dots:expr) => {{
-        let (w, lhs, tile): (&[u8], &QuantizedLhs, Tile) = ($w, $lhs, $tile);
-        let row = |i: usize| tile.start + if i < tile.rows { i } else { 0 };
-        let acts: [(&[u8], &[i32]); TILE] =
-            std::array::from_fn(|i| (lhs.row(row(i)), lhs.row_corr(row(i))));
-        // SAFETY: `matmul` checked that the CPU runs this kernel; the kernels check the
+/// One weight row against the (padded) eight rows of a tile.
+fn dot_acts(kernel: Kernel, w: &[u8], lhs: &QuantizedLhs, tile: Tile) -> [f32; TILE] {
+    let row = |i: usize| tile.start + if i < tile.rows { i } else { 0 };
+    #[cfg(target_arch = "x86_64")]
+    let x86 = |f: unsafe fn(&[u8], &[(&[u8], &[i32]); TILE], &[f32]) -> [f32; TILE]| {
+        let acts = std::array::from_fn(|i| (lhs.row(row(i)), lhs.row_corr(row(i))));
+        // SAFETY: `matmul` checked that the CPU runs this kernel; the kernel checks the
         // slice lengths against the weight row's block count.
-        unsafe {
-            match tile.width {
-                1 => {
-                    let (q, c) = acts[0];
-                    $dots[0] = $module::dot1(w, q, c, lhs.row_scales(tile.start));
-                }
-                QUAD => {
-                    let q = lhs.quad_scales(tile.start, QUAD);
-                    $module::dot_quads::<1>(w, &acts[..QUAD], q, &mut $dots)
-                }
-                _ => {
-                    let q = lhs.quad_scales(tile.start, TILE);
-                    $module::dot_quads::<2>(w, &acts, q, &mut $dots)
-                }
-            }
-        }
-    }};
-}
-
-/// Dot products of one weight row with the rows of a tile (padding rows give garbage).
-fn dot_tile(kernel: Kernel, w: &[u8], lhs: &QuantizedLhs, tile: Tile) -> [f32; TILE] {
-    let mut dots = [0f32; TILE];
+        unsafe { f(w, &acts, lhs.tile_scales(tile.start)) }
+    };
     match kernel {
-        Kernel::Scalar => {
-            for (i, d) in dots.iter_mut().take(tile.rows).enumerate() {
-                let r = tile.start + i;
-                *d = dot_scalar(w, lhs.row(r), lhs.row_scales(r));
-            }
-        }
+        Kernel::Scalar => std::array::from_fn(|i| {
+            let r = row(i);
+            dot_scalar(w, lhs.row(r), lhs.row_scales(r))
+        }),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => x86_tile!(avx2, w, lhs, tile, dots),
+        Kernel::Avx2 => x86(avx2::dot_acts),
         #[cfg(target_arch = "x86_64")]
-        Kernel::AvxVnni => x86_tile!(avx_vnni, w, lhs, tile, dots),
+        Kernel::AvxVnni => x86(avx_vnni::dot_acts),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Vnni => x86_tile!(avx512_vnni, w, lhs, tile, dots),
+        Kernel::Avx512Vnni => x86(avx512_vnni::dot_acts),
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("only the scalar kernel is available off x86_64"),
     }
-    dots
+}
+
+/// Eight weight rows against activation row `r`.
+fn dot_weights(kernel: Kernel, ws: &[&[u8]; TILE], lhs: &QuantizedLhs, r: usize) -> [f32; TILE] {
+    let (q, c, s) = (lhs.row(r), lhs.row_corr(r), lhs.row_scales(r));
+    #[cfg(target_arch = "x86_64")]
+    let x86 = |f: unsafe fn(&[&[u8]; TILE], &[u8], &[i32], &[f32]) -> [f32; TILE]| {
+        // SAFETY: as in `dot_acts`.
+        unsafe { f(ws, q, c, s) }
+    };
+    match kernel {
+        Kernel::Scalar => ws.map(|w| dot_scalar(w, q, s)),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => x86(avx2::dot_weights),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::AvxVnni => x86(avx_vnni::dot_weights),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni => x86(avx512_vnni::dot_weights),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("only the scalar kernel is available off x86_64"),
+    }
 }
 
 /// One weight row against one activation row, block by block like candle's reference loop:
@@ -457,7 +464,7 @@ fn dot_scalar(w: &[u8], q: &[u8], scales: &[f32]) -> f32 {
 macro_rules! x86_kernels {
     ($module:ident, $features:literal, $dot:expr) => {
         mod $module {
-            use super::{Q5_BYTES, Q8_BYTES, QUAD, TILE};
+            use super::{Q5_BYTES, Q8_BYTES, TILE};
             use std::arch::x86_64::*;
 
             /// The 32 weights of one Q5_0 block plus 16, as unsigned bytes in 0..=31.
@@ -484,16 +491,6 @@ macro_rules! x86_kernels {
                 _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
             }
 
-            /// A block's f16 scale in all eight lanes. (Converting a broadcast keeps every
-            /// lane in use; a one-lane convert lets the compiler merge into an unrelated
-            /// register, which put the accumulator on the critical path.)
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn f16_splat(p: *const u8) -> __m256 {
-                let bits = std::ptr::read_unaligned(p as *const i16);
-                _mm256_cvtph_ps(_mm_set1_epi16(bits))
-            }
-
             /// Eight i32 lanes summing to the exact dot product of the block's weights
             /// (`xu - 16`) with the 32 i8 at `y`; `corr` is -16 times the sum of those i8.
             #[inline]
@@ -505,97 +502,111 @@ macro_rules! x86_kernels {
                 ($dot)(acc, xu, y)
             }
 
-            /// One weight row against one activation row.
-            ///
-            /// # Safety
-            /// The CPU must support `$features`.
+            /// The exact sums of eight such lane vectors, one per lane.
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(super) unsafe fn dot1(w: &[u8], q: &[u8], corr: &[i32], scales: &[f32]) -> f32 {
-                let kb = w.len() / Q5_BYTES;
-                // Real checks: the loop reads kb blocks through raw pointers.
-                assert!(q.len() == kb * Q8_BYTES && corr.len() == kb && scales.len() == kb);
-                // (sum * d_y) * d_x of block b.
-                let term = |b: usize| {
-                    let wb = w.as_ptr().add(b * Q5_BYTES);
-                    let p = block_dot(
-                        decode(wb),
-                        q.as_ptr().add(b * Q8_BYTES + 2),
-                        *corr.get_unchecked(b),
-                    );
-                    let dy = _mm256_set1_ps(*scales.get_unchecked(b));
-                    (_mm256_mul_ps(_mm256_cvtepi32_ps(p), dy), f16_splat(wb))
-                };
-                // Two accumulators (even and odd blocks) halve the fma latency chain.
-                let (mut even, mut odd) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                for b in (0..kb & !1).step_by(2) {
-                    let (t, d) = term(b);
-                    even = _mm256_fmadd_ps(t, d, even);
-                    let (t, d) = term(b + 1);
-                    odd = _mm256_fmadd_ps(t, d, odd);
-                }
-                if kb & 1 == 1 {
-                    let (t, d) = term(kb - 1);
-                    even = _mm256_fmadd_ps(t, d, even);
-                }
-                let acc = _mm256_add_ps(even, odd);
-                let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+            unsafe fn fold8(p: [__m256i; 8]) -> __m256i {
+                // Each 128-bit half: [s0, s1, s2, s3] of its half of the lanes.
+                let lo =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+                let hi =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+                _mm256_add_epi32(
+                    _mm256_permute2x128_si256(lo, hi, 0x20),
+                    _mm256_permute2x128_si256(lo, hi, 0x31),
+                )
             }
 
-            /// One weight row against `4 * G` activation rows (`acts`: blocks and
-            /// corrections), with the rows' block scales interleaved by four (`quads`:
-            /// `[G, kb, 4]`). Each decoded weight block serves all rows; the four rows of a
-            /// quad share one convert / scale / accumulate after their integer lanes are
-            /// folded together with horizontal adds.
+            /// One weight row against eight activation rows (blocks and corrections), whose
+            /// block scales are interleaved in `scales` (`[kb, 8]`).
             ///
             /// # Safety
             /// The CPU must support `$features`.
             #[target_feature(enable = $features)]
-            pub(super) unsafe fn dot_quads<const G: usize>(
+            pub(super) unsafe fn dot_acts(
                 w: &[u8],
-                acts: &[(&[u8], &[i32])],
-                quads: &[f32],
-                dots: &mut [f32; TILE],
-            ) {
+                acts: &[(&[u8], &[i32]); TILE],
+                scales: &[f32],
+            ) -> [f32; TILE] {
                 let kb = w.len() / Q5_BYTES;
                 // Real checks: the loop reads kb blocks of every row through raw pointers.
-                assert!(4 * G <= TILE && acts.len() == 4 * G && quads.len() == G * kb * QUAD);
-                let mut qp = [std::ptr::null::<u8>(); TILE];
-                let mut cp = [std::ptr::null::<i32>(); TILE];
-                for ((q, c), (aq, ac)) in qp.iter_mut().zip(cp.iter_mut()).zip(acts) {
-                    assert!(aq.len() == kb * Q8_BYTES && ac.len() == kb);
-                    *q = aq.as_ptr().add(2);
-                    *c = ac.as_ptr();
+                assert!(scales.len() == kb * TILE);
+                for (q, c) in acts {
+                    assert!(q.len() == kb * Q8_BYTES && c.len() == kb);
                 }
-                let mut acc = [_mm256_setzero_ps(); G];
+                let qp = acts.map(|(q, _)| q.as_ptr().add(2));
+                let cp = acts.map(|(_, c)| c.as_ptr());
+                let mut sum = _mm256_setzero_ps();
                 for b in 0..kb {
                     let wb = w.as_ptr().add(b * Q5_BYTES);
                     let xu = decode(wb);
-                    let dx = f16_splat(wb);
-                    for (g, acc) in acc.iter_mut().enumerate() {
-                        let r = 4 * g;
-                        let off = b * Q8_BYTES;
-                        let p0 = block_dot(xu, qp[r].add(off), *cp[r].add(b));
-                        let p1 = block_dot(xu, qp[r + 1].add(off), *cp[r + 1].add(b));
-                        let p2 = block_dot(xu, qp[r + 2].add(off), *cp[r + 2].add(b));
-                        let p3 = block_dot(xu, qp[r + 3].add(off), *cp[r + 3].add(b));
-                        // Lanes [r0, r1, r2, r3] of each 128-bit half: half of each row's sum.
-                        let h =
-                            _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-                        let dy = _mm256_broadcast_ps(
-                            &*(quads.as_ptr().add((g * kb + b) * QUAD) as *const __m128),
-                        );
-                        // (sum * d_y) * d_x.
-                        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(h), dy);
-                        *acc = _mm256_fmadd_ps(t, dx, *acc);
-                    }
+                    let off = b * Q8_BYTES;
+                    let s = fold8(std::array::from_fn(|i| {
+                        block_dot(xu, qp[i].add(off), *cp[i].add(b))
+                    }));
+                    let dw = _mm256_set1_ps(f16_to_f32(wb));
+                    let dx = _mm256_loadu_ps(scales.as_ptr().add(b * TILE));
+                    // candle's order: (s * d_w) * d_x, then the add; no fma.
+                    let t = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dw), dx);
+                    sum = _mm256_add_ps(sum, t);
                 }
-                for (g, acc) in acc.iter().enumerate() {
-                    let s =
-                        _mm_add_ps(_mm256_castps256_ps128(*acc), _mm256_extractf128_ps(*acc, 1));
-                    _mm_storeu_ps(dots.as_mut_ptr().add(4 * g), s);
+                std::mem::transmute::<__m256, [f32; TILE]>(sum)
+            }
+
+            /// Eight weight rows against one activation row (blocks `q`, corrections `corr`,
+            /// scales `scales`).
+            ///
+            /// # Safety
+            /// The CPU must support `$features`.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn dot_weights(
+                ws: &[&[u8]; TILE],
+                q: &[u8],
+                corr: &[i32],
+                scales: &[f32],
+            ) -> [f32; TILE] {
+                let kb = scales.len();
+                // Real checks: the loop reads kb blocks of every row through raw pointers.
+                assert!(q.len() == kb * Q8_BYTES && corr.len() == kb);
+                for w in ws {
+                    assert!(w.len() == kb * Q5_BYTES);
                 }
+                let wp = ws.map(|w| w.as_ptr());
+                let mut sum = _mm256_setzero_ps();
+                for b in 0..kb {
+                    let (y, c) = (q.as_ptr().add(b * Q8_BYTES + 2), *corr.get_unchecked(b));
+                    let wb = wp.map(|p| p.add(b * Q5_BYTES));
+                    let s = fold8(std::array::from_fn(|i| block_dot(decode(wb[i]), y, c)));
+                    let dw = _mm256_cvtph_ps(_mm_setr_epi16(
+                        read_i16(wb[0]),
+                        read_i16(wb[1]),
+                        read_i16(wb[2]),
+                        read_i16(wb[3]),
+                        read_i16(wb[4]),
+                        read_i16(wb[5]),
+                        read_i16(wb[6]),
+                        read_i16(wb[7]),
+                    ));
+                    let dx = _mm256_set1_ps(*scales.get_unchecked(b));
+                    // candle's order: (s * d_w) * d_x, then the add; no fma.
+                    let t = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dw), dx);
+                    sum = _mm256_add_ps(sum, t);
+                }
+                std::mem::transmute::<__m256, [f32; TILE]>(sum)
+            }
+
+            #[inline]
+            unsafe fn read_i16(p: *const u8) -> i16 {
+                std::ptr::read_unaligned(p as *const i16)
+            }
+
+            /// A block's f16 scale. (Converting a broadcast keeps every lane in use; a
+            /// one-lane convert let the compiler merge into an unrelated register and put
+            /// the accumulator on the critical path.)
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn f16_to_f32(p: *const u8) -> f32 {
+                _mm256_cvtss_f32(_mm256_cvtph_ps(_mm_set1_epi16(read_i16(p))))
             }
         }
     };
@@ -662,6 +673,17 @@ mod tests {
         .collect()
     }
 
+    fn run(w: &QMatMul, kernel: Kernel, x: &Tensor) -> Vec<f32> {
+        let q = Q5Matmul::with_kernel(w, kernel).unwrap();
+        let y = q.forward(x).unwrap();
+        y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    fn candle(w: &QMatMul, x: &Tensor) -> Vec<f32> {
+        let y = w.forward(x).unwrap();
+        y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
     #[test]
     fn matches_candle_qmatmul() {
         for (n, k) in [(896, 896), (4864, 896), (896, 4864), (40, 64)] {
@@ -669,115 +691,69 @@ mod tests {
             for m in [1, 3, 17, 64] {
                 let x =
                     Tensor::from_vec(values(m * k, m as u64 + 7), (m, k), &Device::Cpu).unwrap();
-                let want = w.forward(&x).unwrap().flatten_all().unwrap();
-                let want = want.to_vec1::<f32>().unwrap();
+                let want = candle(&w, &x);
                 for kernel in kernels() {
-                    let ours = Q5Matmul::with_kernel(&w, kernel).unwrap();
-                    let got = ours.forward(&x).unwrap();
-                    assert_eq!(got.dims(), &[m, n]);
-                    let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    let got = run(&w, kernel, &x);
                     let d = rel_diff(&got, &want);
                     assert!(
                         d <= 1e-5,
                         "{kernel:?} [{m}x{k}] x [{n}x{k}]^T: rel diff {d}"
                     );
+                    // In fact bit for bit: same integer sums, same f32 steps in candle's order.
+                    assert!(got == want, "{kernel:?} [{m}x{k}] x [{n}x{k}]^T differs");
                 }
             }
         }
     }
 
     #[test]
-    fn scalar_kernel_is_candles_arithmetic() {
-        // Same per-block products in the same order as candle's reference loop.
-        let (n, k, m) = (64, 896, 5);
-        let w = q5_weight(n, k, 3);
-        let x = Tensor::from_vec(values(m * k, 11), (m, k), &Device::Cpu).unwrap();
-        let want = w
-            .forward(&x)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        let ours = Q5Matmul::with_kernel(&w, Kernel::Scalar).unwrap();
-        let got = ours
-            .forward(&x)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        assert_eq!(got, want);
-    }
-
-    #[test]
     fn simd_matches_scalar() {
-        // Row counts cover every tile shape: 8-wide, 4-wide, padded 4-wide and single rows.
+        // Row counts cover every tile shape (full, padded, single row) and weight row counts
+        // that are not multiples of the eight-row group.
         for (n, k, m) in [
             (896, 896, 1),
             (130, 4864, 7),
             (896, 96, 64),
             (8, 32, 2),
             (33, 128, 13),
-            (17, 64, 6),
+            (17, 64, 9),
+            (3, 64, 1),
         ] {
             let w = q5_weight(n, k, 5 + n as u64);
             let x = Tensor::from_vec(values(m * k, 13), (m, k), &Device::Cpu).unwrap();
-            let run = |kernel| {
-                let q = Q5Matmul::with_kernel(&w, kernel).unwrap();
-                q.forward(&x)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            };
-            let scalar = run(Kernel::Scalar);
+            let scalar = run(&w, Kernel::Scalar, &x);
+            assert!(scalar == candle(&w, &x));
             for kernel in kernels().into_iter().skip(1) {
-                let d = rel_diff(&run(kernel), &scalar);
+                let got = run(&w, kernel, &x);
+                let d = rel_diff(&got, &scalar);
                 assert!(
                     d <= 1e-5,
                     "{kernel:?} [{m}x{k}] x [{n}x{k}]^T: rel diff {d}"
                 );
+                assert!(got == scalar, "{kernel:?} [{m}x{k}] x [{n}x{k}]^T differs");
             }
         }
     }
 
     #[test]
     fn extreme_values_decode_exactly() {
-        // All-equal magnitudes hit the quantizers' ends (-16 and 15, +-127): integer dots
-        // must not saturate anywhere.
-        let (n, k, m) = (4, 64, 2);
+        // Blocks at the quantizers' ends (weights -16 and 15, activations +-127): the
+        // integer dots must not saturate anywhere.
+        let (n, k, m) = (9, 64, 3);
         let wv: Vec<f32> = (0..n * k)
             .map(|i| if i % 3 == 0 { -1.0 } else { 0.93 })
             .collect();
         let w = Tensor::from_vec(wv, (n, k), &Device::Cpu).unwrap();
-        let w =
-            QMatMul::from_arc(Arc::new(QTensor::quantize(&w, GgmlDType::Q5_0).unwrap())).unwrap();
+        let w = QTensor::quantize(&w, GgmlDType::Q5_0).unwrap();
+        let w = QMatMul::from_arc(Arc::new(w)).unwrap();
         let xv: Vec<f32> = (0..m * k)
             .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
             .collect();
         let x = Tensor::from_vec(xv, (m, k), &Device::Cpu).unwrap();
-        let want = w
-            .forward(&x)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let want = candle(&w, &x);
         for kernel in kernels() {
-            let q = Q5Matmul::with_kernel(&w, kernel).unwrap();
-            let got = q
-                .forward(&x)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            assert!(
-                rel_diff(&got, &want) <= 1e-6,
-                "{kernel:?}: {got:?} vs {want:?}"
-            );
+            let got = run(&w, kernel, &x);
+            assert!(got == want, "{kernel:?}: {got:?} vs {want:?}");
         }
     }
 
