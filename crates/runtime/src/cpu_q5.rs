@@ -572,8 +572,16 @@ macro_rules! x86_kernels {
                     assert!(w.len() == kb * Q5_BYTES);
                 }
                 let wp = ws.map(|w| w.as_ptr());
+                // The eight rows are read side by side in short runs, which the hardware
+                // prefetchers follow poorly: fetch the next eight rows (the next group, just
+                // after these in memory) at the pace this group is read.
+                let ahead = wp[0].wrapping_add(TILE * kb * Q5_BYTES);
                 let mut sum = _mm256_setzero_ps();
                 for b in 0..kb {
+                    let next = ahead.wrapping_add(b * TILE * Q5_BYTES);
+                    for line in 0..3 {
+                        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line) as *const i8);
+                    }
                     let (y, c) = (q.as_ptr().add(b * Q8_BYTES + 2), *corr.get_unchecked(b));
                     let wb = wp.map(|p| p.add(b * Q5_BYTES));
                     let s = fold8(std::array::from_fn(|i| block_dot(decode(wb[i]), y, c)));
