@@ -274,11 +274,13 @@ impl QuantizedLhs {
         &self.scales[r * self.kb..(r + 1) * self.kb]
     }
 
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn row_corr(&self, r: usize) -> &[i32] {
         &self.corr[r * self.kb..(r + 1) * self.kb]
     }
 
     /// Interleaved scales of the tile starting at row `start` (a multiple of [`TILE`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn tile_scales(&self, start: usize) -> &[f32] {
         let t = start / TILE;
         &self.tiled[t * self.kb * TILE..(t + 1) * self.kb * TILE]
@@ -385,11 +387,18 @@ pub fn matmul(
     Ok(())
 }
 
+/// An x86 `dot_acts`: weight row, eight (blocks, corrections) rows, interleaved scales.
+#[cfg(target_arch = "x86_64")]
+type ActsKernel = unsafe fn(&[u8], &[(&[u8], &[i32]); TILE], &[f32]) -> [f32; TILE];
+/// An x86 `dot_weights`: eight weight rows, then one row's blocks, corrections, scales.
+#[cfg(target_arch = "x86_64")]
+type WeightsKernel = unsafe fn(&[&[u8]; TILE], &[u8], &[i32], &[f32]) -> [f32; TILE];
+
 /// One weight row against the (padded) eight rows of a tile.
 fn dot_acts(kernel: Kernel, w: &[u8], lhs: &QuantizedLhs, tile: Tile) -> [f32; TILE] {
     let row = |i: usize| tile.start + if i < tile.rows { i } else { 0 };
     #[cfg(target_arch = "x86_64")]
-    let x86 = |f: unsafe fn(&[u8], &[(&[u8], &[i32]); TILE], &[f32]) -> [f32; TILE]| {
+    let x86 = |f: ActsKernel| {
         let acts = std::array::from_fn(|i| (lhs.row(row(i)), lhs.row_corr(row(i))));
         // SAFETY: `matmul` checked that the CPU runs this kernel; the kernel checks the
         // slice lengths against the weight row's block count.
@@ -413,11 +422,11 @@ fn dot_acts(kernel: Kernel, w: &[u8], lhs: &QuantizedLhs, tile: Tile) -> [f32; T
 
 /// Eight weight rows against activation row `r`.
 fn dot_weights(kernel: Kernel, ws: &[&[u8]; TILE], lhs: &QuantizedLhs, r: usize) -> [f32; TILE] {
-    let (q, c, s) = (lhs.row(r), lhs.row_corr(r), lhs.row_scales(r));
+    let (q, s) = (lhs.row(r), lhs.row_scales(r));
     #[cfg(target_arch = "x86_64")]
-    let x86 = |f: unsafe fn(&[&[u8]; TILE], &[u8], &[i32], &[f32]) -> [f32; TILE]| {
+    let x86 = |f: WeightsKernel| {
         // SAFETY: as in `dot_acts`.
-        unsafe { f(ws, q, c, s) }
+        unsafe { f(ws, q, lhs.row_corr(r), s) }
     };
     match kernel {
         Kernel::Scalar => ws.map(|w| dot_scalar(w, q, s)),
