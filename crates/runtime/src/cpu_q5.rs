@@ -209,12 +209,13 @@ struct QuantizedLhs {
     blocks: Vec<BlockQ8_0>,
     /// `[m, kb]` block scales as f32.
     scales: Vec<f32>,
-    /// The same scales as `[m.div_ceil(TILE), kb, TILE]` (zero past row `m`), so a tile
-    /// kernel loads one block's eight scales at once.
-    tiled: Vec<f32>,
     /// `[m, kb]`: -16 times the sum of the block's values. The x86 kernels multiply the
     /// weights as unsigned `x + 16` and add this to get the dot product with `x`.
     corr: Vec<i32>,
+    /// `scales` and `corr` as `[m.div_ceil(TILE), kb, TILE]` (zero past row `m`), so a tile
+    /// kernel loads one block's eight values at once.
+    tiled_scales: Vec<f32>,
+    tiled_corr: Vec<i32>,
     kb: usize,
 }
 
@@ -248,17 +249,11 @@ impl QuantizedLhs {
                 }
             }
         });
-        let mut tiled = vec![0f32; m.div_ceil(TILE) * kb * TILE];
-        for (r, row) in scales.chunks_exact(kb).enumerate() {
-            let base = (r / TILE) * kb * TILE + r % TILE;
-            for (b, &s) in row.iter().enumerate() {
-                tiled[base + b * TILE] = s;
-            }
-        }
         Self {
+            tiled_scales: interleave(&scales, m, kb),
+            tiled_corr: interleave(&corr, m, kb),
             blocks,
             scales,
-            tiled,
             corr,
             kb,
         }
@@ -279,12 +274,25 @@ impl QuantizedLhs {
         &self.corr[r * self.kb..(r + 1) * self.kb]
     }
 
-    /// Interleaved scales of the tile starting at row `start` (a multiple of [`TILE`]).
+    /// Interleaved scales and corrections of the tile starting at row `start` (a multiple
+    /// of [`TILE`]).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn tile_scales(&self, start: usize) -> &[f32] {
-        let t = start / TILE;
-        &self.tiled[t * self.kb * TILE..(t + 1) * self.kb * TILE]
+    fn tile_parts(&self, start: usize) -> (&[f32], &[i32]) {
+        let range = start * self.kb..(start + TILE) * self.kb;
+        (&self.tiled_scales[range.clone()], &self.tiled_corr[range])
     }
+}
+
+/// `[m, kb]` values as `[m.div_ceil(TILE), kb, TILE]`, zero-padded.
+fn interleave<T: Copy + Default>(v: &[T], m: usize, kb: usize) -> Vec<T> {
+    let mut out = vec![T::default(); m.div_ceil(TILE) * kb * TILE];
+    for (r, row) in v.chunks_exact(kb).enumerate() {
+        let base = (r / TILE) * kb * TILE + r % TILE;
+        for (b, &x) in row.iter().enumerate() {
+            out[base + b * TILE] = x;
+        }
+    }
+    out
 }
 
 fn as_bytes(b: &[BlockQ8_0]) -> &[u8] {
@@ -374,9 +382,13 @@ pub fn matmul(
                     unsafe { *out_ptr.get().add(tile.start * n + wr) = d };
                 }
             } else {
-                for wr in wrows {
-                    let dots =
-                        dot_acts(kernel, &w[wr * row_bytes..(wr + 1) * row_bytes], &lhs, tile);
+                let ws: [&[u8]; TILE] = std::array::from_fn(|i| {
+                    let r = (wrows.start + i).min(wrows.end - 1);
+                    &w[r * row_bytes..(r + 1) * row_bytes]
+                });
+                let mut dots = [[0f32; TILE]; TILE];
+                dot_acts(kernel, &ws[..wrows.len()], &lhs, tile, &mut dots);
+                for (wr, dots) in wrows.zip(&dots) {
                     for (i, d) in dots.iter().take(tile.rows).enumerate() {
                         unsafe { *out_ptr.get().add((tile.start + i) * n + wr) = *d };
                     }
@@ -387,34 +399,46 @@ pub fn matmul(
     Ok(())
 }
 
-/// An x86 `dot_acts`: weight row, eight (blocks, corrections) rows, interleaved scales.
+/// An x86 `dot_acts`: weight rows, eight activation rows, their interleaved scales and
+/// corrections, and the outputs per weight row.
 #[cfg(target_arch = "x86_64")]
-type ActsKernel = unsafe fn(&[u8], &[(&[u8], &[i32]); TILE], &[f32]) -> [f32; TILE];
+type ActsKernel = unsafe fn(&[&[u8]], &[&[u8]; TILE], &[f32], &[i32], &mut [[f32; TILE]; TILE]);
 /// An x86 `dot_weights`: eight weight rows, then one row's blocks, corrections, scales.
 #[cfg(target_arch = "x86_64")]
 type WeightsKernel = unsafe fn(&[&[u8]; TILE], &[u8], &[i32], &[f32]) -> [f32; TILE];
 
-/// One weight row against the (padded) eight rows of a tile.
-fn dot_acts(kernel: Kernel, w: &[u8], lhs: &QuantizedLhs, tile: Tile) -> [f32; TILE] {
+/// Weight rows `ws` (at most eight) against the (padded) eight rows of a tile: `dots[i]`
+/// are weight row i's products.
+fn dot_acts(
+    kernel: Kernel,
+    ws: &[&[u8]],
+    lhs: &QuantizedLhs,
+    tile: Tile,
+    dots: &mut [[f32; TILE]; TILE],
+) {
     let row = |i: usize| tile.start + if i < tile.rows { i } else { 0 };
     #[cfg(target_arch = "x86_64")]
-    let x86 = |f: ActsKernel| {
-        let acts = std::array::from_fn(|i| (lhs.row(row(i)), lhs.row_corr(row(i))));
+    let x86 = |f: ActsKernel, dots: &mut [[f32; TILE]; TILE]| {
+        let acts = std::array::from_fn(|i| lhs.row(row(i)));
+        let (scales, corr) = lhs.tile_parts(tile.start);
         // SAFETY: `matmul` checked that the CPU runs this kernel; the kernel checks the
-        // slice lengths against the weight row's block count.
-        unsafe { f(w, &acts, lhs.tile_scales(tile.start)) }
+        // slice lengths against the weight rows' block count.
+        unsafe { f(ws, &acts, scales, corr, dots) }
     };
     match kernel {
-        Kernel::Scalar => std::array::from_fn(|i| {
-            let r = row(i);
-            dot_scalar(w, lhs.row(r), lhs.row_scales(r))
-        }),
+        Kernel::Scalar => {
+            for (w, dots) in ws.iter().zip(dots.iter_mut()) {
+                for (i, d) in dots.iter_mut().enumerate() {
+                    *d = dot_scalar(w, lhs.row(row(i)), lhs.row_scales(row(i)));
+                }
+            }
+        }
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => x86(avx2::dot_acts),
+        Kernel::Avx2 => x86(avx2::dot_acts, dots),
         #[cfg(target_arch = "x86_64")]
-        Kernel::AvxVnni => x86(avx_vnni::dot_acts),
+        Kernel::AvxVnni => x86(avx_vnni::dot_acts, dots),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Vnni => x86(avx512_vnni::dot_acts),
+        Kernel::Avx512Vnni => x86(avx512_vnni::dot_acts, dots),
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("only the scalar kernel is available off x86_64"),
     }
@@ -467,8 +491,8 @@ fn dot_scalar(w: &[u8], q: &[u8], scales: &[f32]) -> f32 {
 }
 
 /// The x86 kernels, instantiated once per instruction set: `$features` are the target
-/// features, `$dot(acc, xu, y)` adds the dot products of each 4 unsigned bytes of `xu` with
-/// the signed bytes of `y` to the i32 lanes of `acc`.
+/// features, `$dot(xu, y)` gives the i32 lanes of dot products of each 4 unsigned bytes of
+/// `xu` with the signed bytes of `y`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_kernels {
     ($module:ident, $features:literal, $dot:expr) => {
@@ -500,15 +524,15 @@ macro_rules! x86_kernels {
                 _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
             }
 
-            /// Eight i32 lanes summing to the exact dot product of the block's weights
-            /// (`xu - 16`) with the 32 i8 at `y`; `corr` is -16 times the sum of those i8.
+            /// Eight i32 lanes summing to the exact dot product of the block's unsigned
+            /// weights `xu` with the 32 i8 at `y` (adding the block's correction turns it
+            /// into the product with `xu - 16`).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn block_dot(xu: __m256i, y: *const u8, corr: i32) -> __m256i {
+            unsafe fn block_dot(xu: __m256i, y: *const u8) -> __m256i {
                 let y = _mm256_loadu_si256(y as *const __m256i);
-                let acc = _mm256_zextsi128_si256(_mm_cvtsi32_si128(corr));
                 #[allow(clippy::redundant_closure_call)]
-                ($dot)(acc, xu, y)
+                ($dot)(xu, y)
             }
 
             /// The exact sums of eight such lane vectors, one per lane.
@@ -526,40 +550,52 @@ macro_rules! x86_kernels {
                 )
             }
 
-            /// One weight row against eight activation rows (blocks and corrections), whose
-            /// block scales are interleaved in `scales` (`[kb, 8]`).
+            /// candle's f32 step for eight outputs: `sum + (s * d_w) * d_x`, no fma.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn step(sum: __m256, s: __m256i, dw: __m256, dx: __m256) -> __m256 {
+                _mm256_add_ps(
+                    sum,
+                    _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dw), dx),
+                )
+            }
+
+            /// Weight rows `ws` (at most eight) against eight activation rows `acts`, whose
+            /// block scales and corrections are interleaved in `scales` and `corr`
+            /// (`[kb, 8]`). `dots[i]` gets weight row i's eight products.
             ///
             /// # Safety
             /// The CPU must support `$features`.
             #[target_feature(enable = $features)]
             pub(super) unsafe fn dot_acts(
-                w: &[u8],
-                acts: &[(&[u8], &[i32]); TILE],
+                ws: &[&[u8]],
+                acts: &[&[u8]; TILE],
                 scales: &[f32],
-            ) -> [f32; TILE] {
-                let kb = w.len() / Q5_BYTES;
-                // Real checks: the loop reads kb blocks of every row through raw pointers.
-                assert!(scales.len() == kb * TILE);
-                for (q, c) in acts {
-                    assert!(q.len() == kb * Q8_BYTES && c.len() == kb);
+                corr: &[i32],
+                dots: &mut [[f32; TILE]; TILE],
+            ) {
+                let kb = scales.len() / TILE;
+                // Real checks: the loops read kb blocks of every row through raw pointers.
+                assert!(scales.len() == kb * TILE && corr.len() == kb * TILE && ws.len() <= TILE);
+                for q in acts {
+                    assert!(q.len() == kb * Q8_BYTES);
                 }
-                let qp = acts.map(|(q, _)| q.as_ptr().add(2));
-                let cp = acts.map(|(_, c)| c.as_ptr());
-                let mut sum = _mm256_setzero_ps();
-                for b in 0..kb {
-                    let wb = w.as_ptr().add(b * Q5_BYTES);
-                    let xu = decode(wb);
-                    let off = b * Q8_BYTES;
-                    let s = fold8(std::array::from_fn(|i| {
-                        block_dot(xu, qp[i].add(off), *cp[i].add(b))
-                    }));
-                    let dw = _mm256_set1_ps(f16_to_f32(wb));
-                    let dx = _mm256_loadu_ps(scales.as_ptr().add(b * TILE));
-                    // candle's order: (s * d_w) * d_x, then the add; no fma.
-                    let t = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dw), dx);
-                    sum = _mm256_add_ps(sum, t);
+                let qp = acts.map(|q| q.as_ptr().add(2));
+                for (w, dots) in ws.iter().zip(dots.iter_mut()) {
+                    assert!(w.len() == kb * Q5_BYTES);
+                    let mut sum = _mm256_setzero_ps();
+                    for b in 0..kb {
+                        let wb = w.as_ptr().add(b * Q5_BYTES);
+                        let xu = decode(wb);
+                        let off = b * Q8_BYTES;
+                        let s = fold8(std::array::from_fn(|i| block_dot(xu, qp[i].add(off))));
+                        let c = _mm256_loadu_si256(corr.as_ptr().add(b * TILE) as *const __m256i);
+                        let dw = _mm256_set1_ps(f16_to_f32(wb));
+                        let dx = _mm256_loadu_ps(scales.as_ptr().add(b * TILE));
+                        sum = step(sum, _mm256_add_epi32(s, c), dw, dx);
+                    }
+                    *dots = std::mem::transmute::<__m256, [f32; TILE]>(sum);
                 }
-                std::mem::transmute::<__m256, [f32; TILE]>(sum)
             }
 
             /// Eight weight rows against one activation row (blocks `q`, corrections `corr`,
@@ -591,9 +627,10 @@ macro_rules! x86_kernels {
                     for line in 0..3 {
                         _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line) as *const i8);
                     }
-                    let (y, c) = (q.as_ptr().add(b * Q8_BYTES + 2), *corr.get_unchecked(b));
+                    let y = q.as_ptr().add(b * Q8_BYTES + 2);
                     let wb = wp.map(|p| p.add(b * Q5_BYTES));
-                    let s = fold8(std::array::from_fn(|i| block_dot(decode(wb[i]), y, c)));
+                    let s = fold8(std::array::from_fn(|i| block_dot(decode(wb[i]), y)));
+                    let s = _mm256_add_epi32(s, _mm256_set1_epi32(*corr.get_unchecked(b)));
                     let dw = _mm256_cvtph_ps(_mm_setr_epi16(
                         read_i16(wb[0]),
                         read_i16(wb[1]),
@@ -604,10 +641,7 @@ macro_rules! x86_kernels {
                         read_i16(wb[6]),
                         read_i16(wb[7]),
                     ));
-                    let dx = _mm256_set1_ps(*scales.get_unchecked(b));
-                    // candle's order: (s * d_w) * d_x, then the add; no fma.
-                    let t = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dw), dx);
-                    sum = _mm256_add_ps(sum, t);
+                    sum = step(sum, s, dw, _mm256_set1_ps(*scales.get_unchecked(b)));
                 }
                 std::mem::transmute::<__m256, [f32; TILE]>(sum)
             }
@@ -631,20 +665,18 @@ macro_rules! x86_kernels {
 
 // xu <= 31 and |y| <= 128 keep maddubs' pair sums (<= 7936) inside i16.
 #[cfg(target_arch = "x86_64")]
-x86_kernels!(avx2, "avx2,fma,f16c", |acc, xu, y| _mm256_add_epi32(
-    acc,
-    _mm256_madd_epi16(_mm256_maddubs_epi16(xu, y), _mm256_set1_epi16(1))
+x86_kernels!(avx2, "avx2,fma,f16c", |xu, y| _mm256_madd_epi16(
+    _mm256_maddubs_epi16(xu, y),
+    _mm256_set1_epi16(1)
 ));
 #[cfg(target_arch = "x86_64")]
-x86_kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", |acc, xu, y| {
-    _mm256_dpbusd_avx_epi32(acc, xu, y)
+x86_kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", |xu, y| {
+    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), xu, y)
 });
 #[cfg(target_arch = "x86_64")]
-x86_kernels!(
-    avx512_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    |acc, xu, y| _mm256_dpbusd_epi32(acc, xu, y)
-);
+x86_kernels!(avx512_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", |xu, y| {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), xu, y)
+});
 
 #[cfg(test)]
 mod tests {
