@@ -364,28 +364,19 @@ pub fn matmul(
         for item in items {
             let (g, tile) = (item / nt, tiles[item % nt]);
             let wrows = g * TILE..n.min((g + 1) * TILE);
+            // Eight weight rows; a short last group repeats its last row (results dropped).
+            let ws: [&[u8]; TILE] = std::array::from_fn(|i| {
+                let r = (wrows.start + i).min(wrows.end - 1);
+                &w[r * row_bytes..(r + 1) * row_bytes]
+            });
             // SAFETY (writes below): element (row, wr) belongs to this item alone (items
             // partition the (weight group, tile) grid) and `out` outlives the pool call.
             if tile.rows == 1 {
-                // Eight weight rows (padded with the group's first) against one row.
-                let wrow = |i: usize| {
-                    let r = if wrows.start + i < wrows.end {
-                        wrows.start + i
-                    } else {
-                        wrows.start
-                    };
-                    &w[r * row_bytes..(r + 1) * row_bytes]
-                };
-                let ws: [&[u8]; TILE] = std::array::from_fn(wrow);
                 let dots = dot_weights(kernel, &ws, &lhs, tile.start);
                 for (wr, d) in wrows.zip(dots) {
                     unsafe { *out_ptr.get().add(tile.start * n + wr) = d };
                 }
             } else {
-                let ws: [&[u8]; TILE] = std::array::from_fn(|i| {
-                    let r = (wrows.start + i).min(wrows.end - 1);
-                    &w[r * row_bytes..(r + 1) * row_bytes]
-                });
                 let mut dots = [[0f32; TILE]; TILE];
                 dot_acts(kernel, &ws[..wrows.len()], &lhs, tile, &mut dots);
                 for (wr, dots) in wrows.zip(&dots) {
