@@ -1,0 +1,891 @@
+//! CPU matmul for Q5_0 weights.
+//!
+//! Small models whose hidden size is not a multiple of 256 (Qwen2.5-0.5B: 896) cannot use
+//! k-quants, so their GGUF files store most matrices as Q5_0. candle 0.11 has no SIMD dot
+//! product for Q5_0 x Q8_0 (`BlockQ5_0::vec_dot` is the scalar reference loop), which made
+//! it half of a decode profile and left prefill at a quarter of llama.cpp's speed.
+//!
+//! This module computes exactly what candle's `QMatMul::forward` computes for such weights,
+//! bit for bit: activations are quantized per row with candle's own `BlockQ8_0::from_float`;
+//! each 32-value block pair gives an exact integer dot product `s`; and each output is
+//! `sum += (s as f32 * d_w) * d_x` over the blocks in order, in f32 without fused
+//! multiply-adds. Keeping candle's rounding matters: the model quantizes activations again
+//! at every layer, so even last-bit differences grow into visibly different logits.
+//!
+//! Kernels: 256-bit x86 ones (AVX2 + FMA + F16C, optionally AVX-VNNI or AVX512-VNNI for the
+//! integer part) when the CPU has them, checked at run time, and a portable scalar loop
+//! otherwise. The SIMD kernels get their speed from computing many outputs at once: eight
+//! activation rows against one weight row (prefill), or eight weight rows against one
+//! activation row (decode), so that the per-block float steps run on full vectors. Work is
+//! split over weight rows and activation tiles on candle's own barrier pool, the pool CPU
+//! attention already uses.
+
+use candle_core::quantized::k_quants::{BlockQ8_0, GgmlType};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use std::sync::Arc;
+
+/// Values per block (Q5_0 and Q8_0 alike).
+const QK: usize = 32;
+/// Bytes of one Q5_0 block: f16 scale, 32 high bits, 16 bytes of low nibbles.
+const Q5_BYTES: usize = 22;
+/// Bytes of one Q8_0 block: f16 scale, 32 signed bytes.
+const Q8_BYTES: usize = 34;
+/// Rows computed together: activation rows per prefill tile, weight rows per work item.
+const TILE: usize = 8;
+/// Below this many block products the pool's hand-off costs more than it saves.
+const MIN_PARALLEL_BLOCKS: usize = 4096;
+
+// The activation blocks are read as bytes: `BlockQ8_0` is `#[repr(C)] { d: f16, qs: [i8; 32] }`,
+// the ggml layout, with no padding.
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == Q8_BYTES);
+const _: () = assert!(std::mem::align_of::<BlockQ8_0>() <= 2);
+
+/// Which dot-product kernel runs. The x86 kernels share one code path and differ only in
+/// the instruction that forms the per-block integer dot product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Portable loop, the same arithmetic as candle's reference `vec_dot`.
+    Scalar,
+    /// 256-bit integer kernel (AVX2, FMA, F16C): `vpmaddubsw` + `vpmaddwd`.
+    Avx2,
+    /// As [`Kernel::Avx2`] with the VEX `vpdpbusd` of AVX-VNNI.
+    AvxVnni,
+    /// As [`Kernel::Avx2`] with the 256-bit EVEX `vpdpbusd` of AVX512-VNNI (+VL).
+    Avx512Vnni,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs.
+    pub fn detect() -> Self {
+        [Kernel::AvxVnni, Kernel::Avx512Vnni, Kernel::Avx2]
+            .into_iter()
+            .find(|k| k.available())
+            .unwrap_or(Kernel::Scalar)
+    }
+
+    /// Whether this CPU can run the kernel.
+    pub fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let base = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            match self {
+                Kernel::Scalar => true,
+                Kernel::Avx2 => base,
+                Kernel::AvxVnni => base && is_x86_feature_detected!("avxvnni"),
+                Kernel::Avx512Vnni => {
+                    base && is_x86_feature_detected!("avx512vnni")
+                        && is_x86_feature_detected!("avx512vl")
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Kernel::Scalar
+        }
+    }
+}
+
+/// A Q5_0 weight `[n, k]` on the CPU, multiplied by our kernels.
+#[derive(Clone)]
+pub struct Q5Matmul {
+    w: Arc<QTensor>,
+    n: usize,
+    k: usize,
+    kernel: Kernel,
+}
+
+impl std::fmt::Debug for Q5Matmul {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Q5Matmul([{}, {}], {:?})", self.n, self.k, self.kernel)
+    }
+}
+
+impl Q5Matmul {
+    /// Takes over `w` when it is a Q5_0 matrix on the CPU; `None` leaves it to candle.
+    /// `TOKENROUTER_CPU_Q5=candle` turns this path off, `=scalar` / `=avx2` force a kernel
+    /// (for A/B measurements).
+    pub fn new(w: &QMatMul) -> Option<Self> {
+        let kernel = match std::env::var("TOKENROUTER_CPU_Q5").as_deref() {
+            Ok("candle") => return None,
+            Ok("scalar") => Kernel::Scalar,
+            Ok("avx2") => Kernel::Avx2,
+            _ => Kernel::detect(),
+        };
+        Self::with_kernel(w, kernel)
+    }
+
+    /// As [`Q5Matmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
+    pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
+        let QMatMul::QTensor(t) = w else {
+            return None;
+        };
+        if t.dtype() != GgmlDType::Q5_0 || !t.device().is_cpu() || !kernel.available() {
+            return None;
+        }
+        let (n, k) = t.shape().dims2().ok()?;
+        if k == 0 || !k.is_multiple_of(QK) || t.storage_size_in_bytes() != n * k / QK * Q5_BYTES {
+            return None;
+        }
+        Some(Self {
+            w: t.clone(),
+            n,
+            k,
+            kernel,
+        })
+    }
+
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if x.dtype() != DType::F32 || !x.device().is_cpu() {
+            return x.apply_op1_no_bwd(self.w.as_ref());
+        }
+        x.contiguous()?.apply_op1_no_bwd(self)
+    }
+}
+
+impl CustomOp1 for Q5Matmul {
+    fn name(&self) -> &'static str {
+        "q5_0-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("q5_0 matmul: input is not contiguous {layout:?}");
+        };
+        let x = &storage.as_slice::<f32>()?[start..end];
+        let mut dims = layout.dims().to_vec();
+        match dims.last_mut() {
+            Some(last) if *last == self.k => *last = self.n,
+            _ => candle_core::bail!("q5_0 matmul: input {dims:?} does not end in {}", self.k),
+        }
+        let data = self.w.data()?;
+        let m = x.len() / self.k;
+        let mut out = vec![0f32; m * self.n];
+        matmul(self.kernel, &data, self.n, self.k, x, &mut out)?;
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+}
+
+/// Output pointer shared by pool workers that write disjoint elements.
+struct SharedMut<T>(*mut T);
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
+// SAFETY: every user writes only elements no other work item writes (see the callers).
+unsafe impl<T> Send for SharedMut<T> {}
+unsafe impl<T> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Run `f` over `0..n` in chunks, on the pool when `cost` is worth the hand-off.
+fn par_chunks(n: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    if cost < MIN_PARALLEL_BLOCKS {
+        f(0..n);
+    } else {
+        candle_core::utils::barrier_pool().execute_chunked(n, f);
+    }
+}
+
+/// Activations quantized to Q8_0, plus what the kernels want per block.
+struct QuantizedLhs {
+    blocks: Vec<BlockQ8_0>,
+    /// `[m, kb]` block scales as f32.
+    scales: Vec<f32>,
+    /// `[m, kb]`: -16 times the sum of the block's values. The x86 kernels multiply the
+    /// weights as unsigned `x + 16` and add this to get the dot product with `x`.
+    corr: Vec<i32>,
+    /// `scales` and `corr` as `[m.div_ceil(TILE), kb, TILE]` (zero past row `m`), so a tile
+    /// kernel loads one block's eight values at once.
+    tiled_scales: Vec<f32>,
+    tiled_corr: Vec<i32>,
+    kb: usize,
+}
+
+impl QuantizedLhs {
+    fn new(x: &[f32], m: usize, k: usize) -> Self {
+        let kb = k / QK;
+        let mut blocks = vec![BlockQ8_0::zeros(); m * kb];
+        let mut scales = vec![0f32; m * kb];
+        let mut corr = vec![0i32; m * kb];
+        let ptrs = (
+            SharedMut(blocks.as_mut_ptr()),
+            SharedMut(scales.as_mut_ptr()),
+            SharedMut(corr.as_mut_ptr()),
+        );
+        par_chunks(m, m * kb, |rows| {
+            let (bp, sp, cp) = ptrs;
+            for r in rows {
+                // SAFETY: row r owns elements r*kb..(r+1)*kb of the three vectors, which
+                // outlive the call.
+                let (b, s, c) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(bp.get().add(r * kb), kb),
+                        std::slice::from_raw_parts_mut(sp.get().add(r * kb), kb),
+                        std::slice::from_raw_parts_mut(cp.get().add(r * kb), kb),
+                    )
+                };
+                BlockQ8_0::from_float(&x[r * k..(r + 1) * k], b);
+                for ((s, c), blk) in s.iter_mut().zip(c).zip(as_bytes(b).chunks_exact(Q8_BYTES)) {
+                    *s = f16_at(blk, 0);
+                    *c = -16 * blk[2..].iter().map(|&v| v as i8 as i32).sum::<i32>();
+                }
+            }
+        });
+        Self {
+            tiled_scales: interleave(&scales, m, kb),
+            tiled_corr: interleave(&corr, m, kb),
+            blocks,
+            scales,
+            corr,
+            kb,
+        }
+    }
+
+    /// Row `r`'s blocks as bytes.
+    fn row(&self, r: usize) -> &[u8] {
+        let len = self.kb * Q8_BYTES;
+        &as_bytes(&self.blocks)[r * len..(r + 1) * len]
+    }
+
+    fn row_scales(&self, r: usize) -> &[f32] {
+        &self.scales[r * self.kb..(r + 1) * self.kb]
+    }
+
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn row_corr(&self, r: usize) -> &[i32] {
+        &self.corr[r * self.kb..(r + 1) * self.kb]
+    }
+
+    /// Interleaved scales and corrections of the tile starting at row `start` (a multiple
+    /// of [`TILE`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn tile_parts(&self, start: usize) -> (&[f32], &[i32]) {
+        let range = start * self.kb..(start + TILE) * self.kb;
+        (&self.tiled_scales[range.clone()], &self.tiled_corr[range])
+    }
+}
+
+/// `[m, kb]` values as `[m.div_ceil(TILE), kb, TILE]`, zero-padded.
+fn interleave<T: Copy + Default>(v: &[T], m: usize, kb: usize) -> Vec<T> {
+    let mut out = vec![T::default(); m.div_ceil(TILE) * kb * TILE];
+    for (r, row) in v.chunks_exact(kb).enumerate() {
+        let base = (r / TILE) * kb * TILE + r % TILE;
+        for (b, &x) in row.iter().enumerate() {
+            out[base + b * TILE] = x;
+        }
+    }
+    out
+}
+
+fn as_bytes(b: &[BlockQ8_0]) -> &[u8] {
+    // SAFETY: `BlockQ8_0` is `repr(C)`, 34 bytes without padding (asserted above), and every
+    // block was initialised (zeroed, then written by `from_float`).
+    unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, std::mem::size_of_val(b)) }
+}
+
+#[inline]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// Activation rows `start..start + rows` (at most [`TILE`]; `start` a multiple of it).
+/// A tile of several rows runs one weight row at a time against all of them, padded to
+/// eight; a tile of one row runs eight weight rows at a time against it instead.
+#[derive(Clone, Copy, Debug)]
+struct Tile {
+    start: usize,
+    rows: usize,
+}
+
+fn tiles(m: usize) -> Vec<Tile> {
+    (0..m.div_ceil(TILE))
+        .map(|t| Tile {
+            start: t * TILE,
+            rows: TILE.min(m - t * TILE),
+        })
+        .collect()
+}
+
+/// `out[m, n] = x[m, k] @ w^T` for Q5_0 weight bytes `w` (`n` rows of `k / 32` blocks).
+pub fn matmul(
+    kernel: Kernel,
+    w: &[u8],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> candle_core::Result<()> {
+    if k == 0 || !k.is_multiple_of(QK) {
+        candle_core::bail!("q5_0 matmul: k = {k} is not a positive multiple of {QK}");
+    }
+    let kb = k / QK;
+    let m = x.len() / k;
+    if w.len() != n * kb * Q5_BYTES || x.len() != m * k || out.len() != m * n {
+        candle_core::bail!(
+            "q5_0 matmul: sizes do not match: w {} bytes for [{n}, {k}], x {}, out {}",
+            w.len(),
+            x.len(),
+            out.len()
+        );
+    }
+    if !kernel.available() {
+        candle_core::bail!("q5_0 matmul: this CPU cannot run the {kernel:?} kernel");
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let lhs = QuantizedLhs::new(x, m, k);
+    let tiles = tiles(m);
+    let nt = tiles.len();
+    let groups = n.div_ceil(TILE);
+    let row_bytes = kb * Q5_BYTES;
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    // Items are weight-group major: a worker walking a range keeps one group of eight
+    // weight rows in L1 while the (small) quantized activations stream from L2.
+    par_chunks(groups * nt, m * n * kb, |items| {
+        for item in items {
+            let (g, tile) = (item / nt, tiles[item % nt]);
+            let wrows = g * TILE..n.min((g + 1) * TILE);
+            // Eight weight rows; a short last group repeats its last row (results dropped).
+            let ws: [&[u8]; TILE] = std::array::from_fn(|i| {
+                let r = (wrows.start + i).min(wrows.end - 1);
+                &w[r * row_bytes..(r + 1) * row_bytes]
+            });
+            // SAFETY (writes below): element (row, wr) belongs to this item alone (items
+            // partition the (weight group, tile) grid) and `out` outlives the pool call.
+            if tile.rows == 1 {
+                let dots = dot_weights(kernel, &ws, &lhs, tile.start);
+                for (wr, d) in wrows.zip(dots) {
+                    unsafe { *out_ptr.get().add(tile.start * n + wr) = d };
+                }
+            } else {
+                let mut dots = [[0f32; TILE]; TILE];
+                dot_acts(kernel, &ws[..wrows.len()], &lhs, tile, &mut dots);
+                for (wr, dots) in wrows.zip(&dots) {
+                    for (i, d) in dots.iter().take(tile.rows).enumerate() {
+                        unsafe { *out_ptr.get().add((tile.start + i) * n + wr) = *d };
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// An x86 `dot_acts`: weight rows, eight activation rows, their interleaved scales and
+/// corrections, and the outputs per weight row.
+#[cfg(target_arch = "x86_64")]
+type ActsKernel = unsafe fn(&[&[u8]], &[&[u8]; TILE], &[f32], &[i32], &mut [[f32; TILE]; TILE]);
+/// An x86 `dot_weights`: eight weight rows, then one row's blocks, corrections, scales.
+#[cfg(target_arch = "x86_64")]
+type WeightsKernel = unsafe fn(&[&[u8]; TILE], &[u8], &[i32], &[f32]) -> [f32; TILE];
+
+/// Weight rows `ws` (at most eight) against the (padded) eight rows of a tile: `dots[i]`
+/// are weight row i's products.
+fn dot_acts(
+    kernel: Kernel,
+    ws: &[&[u8]],
+    lhs: &QuantizedLhs,
+    tile: Tile,
+    dots: &mut [[f32; TILE]; TILE],
+) {
+    let row = |i: usize| tile.start + if i < tile.rows { i } else { 0 };
+    #[cfg(target_arch = "x86_64")]
+    let x86 = |f: ActsKernel, dots: &mut [[f32; TILE]; TILE]| {
+        let acts = std::array::from_fn(|i| lhs.row(row(i)));
+        let (scales, corr) = lhs.tile_parts(tile.start);
+        // SAFETY: `matmul` checked that the CPU runs this kernel; the kernel checks the
+        // slice lengths against the weight rows' block count.
+        unsafe { f(ws, &acts, scales, corr, dots) }
+    };
+    match kernel {
+        Kernel::Scalar => {
+            for (w, dots) in ws.iter().zip(dots.iter_mut()) {
+                for (i, d) in dots.iter_mut().enumerate() {
+                    *d = dot_scalar(w, lhs.row(row(i)), lhs.row_scales(row(i)));
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => x86(avx2::dot_acts, dots),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::AvxVnni => x86(avx_vnni::dot_acts, dots),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni => x86(avx512_vnni::dot_acts, dots),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("only the scalar kernel is available off x86_64"),
+    }
+}
+
+/// Eight weight rows against activation row `r`.
+fn dot_weights(kernel: Kernel, ws: &[&[u8]; TILE], lhs: &QuantizedLhs, r: usize) -> [f32; TILE] {
+    let (q, s) = (lhs.row(r), lhs.row_scales(r));
+    #[cfg(target_arch = "x86_64")]
+    let x86 = |f: WeightsKernel| {
+        // SAFETY: as in `dot_acts`.
+        unsafe { f(ws, q, lhs.row_corr(r), s) }
+    };
+    match kernel {
+        Kernel::Scalar => ws.map(|w| dot_scalar(w, q, s)),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => x86(avx2::dot_weights),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::AvxVnni => x86(avx_vnni::dot_weights),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni => x86(avx512_vnni::dot_weights),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("only the scalar kernel is available off x86_64"),
+    }
+}
+
+/// One weight row against one activation row, block by block like candle's reference loop:
+/// `sum += (sumi as f32) * d_w * d_x`.
+fn dot_scalar(w: &[u8], q: &[u8], scales: &[f32]) -> f32 {
+    let mut sum = 0f32;
+    for ((wb, qb), &dy) in w
+        .chunks_exact(Q5_BYTES)
+        .zip(q.chunks_exact(Q8_BYTES))
+        .zip(scales)
+    {
+        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+        let qs = &wb[6..22];
+        let y = &qb[2..34];
+        let mut sumi = 0i32;
+        for j in 0..QK / 2 {
+            let hi0 = ((qh >> j) & 1) as i32;
+            let hi1 = ((qh >> (j + 16)) & 1) as i32;
+            let x0 = ((qs[j] & 0x0f) as i32 | (hi0 << 4)) - 16;
+            let x1 = ((qs[j] >> 4) as i32 | (hi1 << 4)) - 16;
+            sumi += x0 * (y[j] as i8) as i32 + x1 * (y[j + QK / 2] as i8) as i32;
+        }
+        sum += sumi as f32 * f16_at(wb, 0) * dy;
+    }
+    sum
+}
+
+/// The x86 kernels, instantiated once per instruction set: `$features` are the target
+/// features, `$dot(xu, y)` gives the i32 lanes of dot products of each 4 unsigned bytes of
+/// `xu` with the signed bytes of `y`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86_kernels {
+    ($module:ident, $features:literal, $dot:expr) => {
+        mod $module {
+            use super::{Q5_BYTES, Q8_BYTES, TILE};
+            use std::arch::x86_64::*;
+
+            /// The 32 weights of one Q5_0 block plus 16, as unsigned bytes in 0..=31.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn decode(p: *const u8) -> __m256i {
+                // Low nibbles are values 0..16, high nibbles values 16..32.
+                let qs = _mm_loadu_si128(p.add(6) as *const __m128i);
+                let m4 = _mm_set1_epi8(0x0f);
+                let lo = _mm_and_si128(qs, m4);
+                let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
+                let nib = _mm256_set_m128i(hi, lo);
+                // Bit i of qh is the fifth bit of value i: spread it to a 0x00 / 0xff byte.
+                let qh = std::ptr::read_unaligned(p.add(2) as *const i32);
+                let spread = _mm256_shuffle_epi8(
+                    _mm256_set1_epi32(qh),
+                    _mm256_setr_epi8(
+                        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                    ),
+                );
+                let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+                _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+            }
+
+            /// Eight i32 lanes summing to the exact dot product of the block's unsigned
+            /// weights `xu` with the 32 i8 at `y` (adding the block's correction turns it
+            /// into the product with `xu - 16`).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn block_dot(xu: __m256i, y: *const u8) -> __m256i {
+                let y = _mm256_loadu_si256(y as *const __m256i);
+                #[allow(clippy::redundant_closure_call)]
+                ($dot)(xu, y)
+            }
+
+            /// The exact sums of eight such lane vectors, one per lane.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn fold8(p: [__m256i; 8]) -> __m256i {
+                // Each 128-bit half: [s0, s1, s2, s3] of its half of the lanes.
+                let lo =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+                let hi =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+                _mm256_add_epi32(
+                    _mm256_permute2x128_si256(lo, hi, 0x20),
+                    _mm256_permute2x128_si256(lo, hi, 0x31),
+                )
+            }
+
+            /// candle's f32 step for eight outputs: `sum + (s * d_w) * d_x`, no fma.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn step(sum: __m256, s: __m256i, dw: __m256, dx: __m256) -> __m256 {
+                _mm256_add_ps(
+                    sum,
+                    _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dw), dx),
+                )
+            }
+
+            /// Weight rows `ws` (at most eight) against eight activation rows `acts`, whose
+            /// block scales and corrections are interleaved in `scales` and `corr`
+            /// (`[kb, 8]`). `dots[i]` gets weight row i's eight products.
+            ///
+            /// # Safety
+            /// The CPU must support `$features`.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn dot_acts(
+                ws: &[&[u8]],
+                acts: &[&[u8]; TILE],
+                scales: &[f32],
+                corr: &[i32],
+                dots: &mut [[f32; TILE]; TILE],
+            ) {
+                let kb = scales.len() / TILE;
+                // Real checks: the loops read kb blocks of every row through raw pointers.
+                assert!(scales.len() == kb * TILE && corr.len() == kb * TILE && ws.len() <= TILE);
+                for q in acts {
+                    assert!(q.len() == kb * Q8_BYTES);
+                }
+                let qp = acts.map(|q| q.as_ptr().add(2));
+                for (w, dots) in ws.iter().zip(dots.iter_mut()) {
+                    assert!(w.len() == kb * Q5_BYTES);
+                    let mut sum = _mm256_setzero_ps();
+                    for b in 0..kb {
+                        let wb = w.as_ptr().add(b * Q5_BYTES);
+                        let xu = decode(wb);
+                        let off = b * Q8_BYTES;
+                        let s = fold8(std::array::from_fn(|i| block_dot(xu, qp[i].add(off))));
+                        let c = _mm256_loadu_si256(corr.as_ptr().add(b * TILE) as *const __m256i);
+                        let dw = _mm256_set1_ps(f16_to_f32(wb));
+                        let dx = _mm256_loadu_ps(scales.as_ptr().add(b * TILE));
+                        sum = step(sum, _mm256_add_epi32(s, c), dw, dx);
+                    }
+                    *dots = std::mem::transmute::<__m256, [f32; TILE]>(sum);
+                }
+            }
+
+            /// Eight weight rows against one activation row (blocks `q`, corrections `corr`,
+            /// scales `scales`).
+            ///
+            /// # Safety
+            /// The CPU must support `$features`.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn dot_weights(
+                ws: &[&[u8]; TILE],
+                q: &[u8],
+                corr: &[i32],
+                scales: &[f32],
+            ) -> [f32; TILE] {
+                let kb = scales.len();
+                // Real checks: the loop reads kb blocks of every row through raw pointers.
+                assert!(q.len() == kb * Q8_BYTES && corr.len() == kb);
+                for w in ws {
+                    assert!(w.len() == kb * Q5_BYTES);
+                }
+                let wp = ws.map(|w| w.as_ptr());
+                // The eight rows are read side by side in short runs, which the hardware
+                // prefetchers follow poorly: fetch the next eight rows (the next group, just
+                // after these in memory) at the pace this group is read.
+                let ahead = wp[0].wrapping_add(TILE * kb * Q5_BYTES);
+                let mut sum = _mm256_setzero_ps();
+                for b in 0..kb {
+                    let next = ahead.wrapping_add(b * TILE * Q5_BYTES);
+                    for line in 0..3 {
+                        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line) as *const i8);
+                    }
+                    let y = q.as_ptr().add(b * Q8_BYTES + 2);
+                    let wb = wp.map(|p| p.add(b * Q5_BYTES));
+                    let s = fold8(std::array::from_fn(|i| block_dot(decode(wb[i]), y)));
+                    let s = _mm256_add_epi32(s, _mm256_set1_epi32(*corr.get_unchecked(b)));
+                    let dw = _mm256_cvtph_ps(_mm_setr_epi16(
+                        read_i16(wb[0]),
+                        read_i16(wb[1]),
+                        read_i16(wb[2]),
+                        read_i16(wb[3]),
+                        read_i16(wb[4]),
+                        read_i16(wb[5]),
+                        read_i16(wb[6]),
+                        read_i16(wb[7]),
+                    ));
+                    sum = step(sum, s, dw, _mm256_set1_ps(*scales.get_unchecked(b)));
+                }
+                std::mem::transmute::<__m256, [f32; TILE]>(sum)
+            }
+
+            #[inline]
+            unsafe fn read_i16(p: *const u8) -> i16 {
+                std::ptr::read_unaligned(p as *const i16)
+            }
+
+            /// A block's f16 scale. (Converting a broadcast keeps every lane in use; a
+            /// one-lane convert let the compiler merge into an unrelated register and put
+            /// the accumulator on the critical path.)
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn f16_to_f32(p: *const u8) -> f32 {
+                _mm256_cvtss_f32(_mm256_cvtph_ps(_mm_set1_epi16(read_i16(p))))
+            }
+        }
+    };
+}
+
+// xu <= 31 and |y| <= 128 keep maddubs' pair sums (<= 7936) inside i16.
+#[cfg(target_arch = "x86_64")]
+x86_kernels!(avx2, "avx2,fma,f16c", |xu, y| _mm256_madd_epi16(
+    _mm256_maddubs_epi16(xu, y),
+    _mm256_set1_epi16(1)
+));
+#[cfg(target_arch = "x86_64")]
+x86_kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", |xu, y| {
+    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), xu, y)
+});
+#[cfg(target_arch = "x86_64")]
+x86_kernels!(avx512_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", |xu, y| {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), xu, y)
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Module};
+
+    /// Deterministic pseudo-random values in about -1..1 (xorshift).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn q5_weight(n: usize, k: usize, seed: u64) -> QMatMul {
+        let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q5_0).unwrap();
+        QMatMul::from_arc(Arc::new(q)).unwrap()
+    }
+
+    /// max |a - b| over max |b|.
+    fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        let scale = b.iter().fold(0f32, |s, v| s.max(v.abs()));
+        let diff = a.iter().zip(b).fold(0f32, |s, (x, y)| s.max((x - y).abs()));
+        diff / scale
+    }
+
+    fn kernels() -> Vec<Kernel> {
+        [
+            Kernel::Scalar,
+            Kernel::Avx2,
+            Kernel::AvxVnni,
+            Kernel::Avx512Vnni,
+        ]
+        .into_iter()
+        .filter(|k| k.available())
+        .collect()
+    }
+
+    fn run(w: &QMatMul, kernel: Kernel, x: &Tensor) -> Vec<f32> {
+        let q = Q5Matmul::with_kernel(w, kernel).unwrap();
+        let y = q.forward(x).unwrap();
+        y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    fn candle(w: &QMatMul, x: &Tensor) -> Vec<f32> {
+        let y = w.forward(x).unwrap();
+        y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    #[test]
+    fn matches_candle_qmatmul() {
+        for (n, k) in [(896, 896), (4864, 896), (896, 4864), (40, 64)] {
+            let w = q5_weight(n, k, (n * 31 + k) as u64);
+            for m in [1, 3, 17, 64] {
+                let x =
+                    Tensor::from_vec(values(m * k, m as u64 + 7), (m, k), &Device::Cpu).unwrap();
+                let want = candle(&w, &x);
+                for kernel in kernels() {
+                    let got = run(&w, kernel, &x);
+                    let d = rel_diff(&got, &want);
+                    assert!(
+                        d <= 1e-5,
+                        "{kernel:?} [{m}x{k}] x [{n}x{k}]^T: rel diff {d}"
+                    );
+                    // In fact bit for bit: same integer sums, same f32 steps in candle's order.
+                    assert!(got == want, "{kernel:?} [{m}x{k}] x [{n}x{k}]^T differs");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn simd_matches_scalar() {
+        // Row counts cover every tile shape (full, padded, single row) and weight row counts
+        // that are not multiples of the eight-row group.
+        for (n, k, m) in [
+            (896, 896, 1),
+            (130, 4864, 7),
+            (896, 96, 64),
+            (8, 32, 2),
+            (33, 128, 13),
+            (17, 64, 9),
+            (3, 64, 1),
+        ] {
+            let w = q5_weight(n, k, 5 + n as u64);
+            let x = Tensor::from_vec(values(m * k, 13), (m, k), &Device::Cpu).unwrap();
+            let scalar = run(&w, Kernel::Scalar, &x);
+            assert!(scalar == candle(&w, &x));
+            for kernel in kernels().into_iter().skip(1) {
+                let got = run(&w, kernel, &x);
+                let d = rel_diff(&got, &scalar);
+                assert!(
+                    d <= 1e-5,
+                    "{kernel:?} [{m}x{k}] x [{n}x{k}]^T: rel diff {d}"
+                );
+                assert!(got == scalar, "{kernel:?} [{m}x{k}] x [{n}x{k}]^T differs");
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_values_decode_exactly() {
+        // Blocks at the quantizers' ends (weights -16 and 15, activations +-127): the
+        // integer dots must not saturate anywhere.
+        let (n, k, m) = (9, 64, 3);
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| if i % 3 == 0 { -1.0 } else { 0.93 })
+            .collect();
+        let w = Tensor::from_vec(wv, (n, k), &Device::Cpu).unwrap();
+        let w = QTensor::quantize(&w, GgmlDType::Q5_0).unwrap();
+        let w = QMatMul::from_arc(Arc::new(w)).unwrap();
+        let xv: Vec<f32> = (0..m * k)
+            .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
+            .collect();
+        let x = Tensor::from_vec(xv, (m, k), &Device::Cpu).unwrap();
+        let want = candle(&w, &x);
+        for kernel in kernels() {
+            let got = run(&w, kernel, &x);
+            assert!(got == want, "{kernel:?}: {got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn batched_input_and_other_dtypes() {
+        let w = q5_weight(16, 64, 9);
+        let ours = Q5Matmul::new(&w).unwrap();
+        let x = Tensor::from_vec(values(2 * 3 * 64, 1), (2, 3, 64), &Device::Cpu).unwrap();
+        let got = ours.forward(&x).unwrap();
+        assert_eq!(got.dims(), &[2, 3, 16]);
+        let want = w.forward(&x).unwrap();
+        let d = rel_diff(
+            &got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            &want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        );
+        assert!(d <= 1e-5);
+        // A transposed (non-contiguous) input is made contiguous first.
+        let xt = Tensor::from_vec(values(64 * 3, 2), (64, 3), &Device::Cpu)
+            .unwrap()
+            .t()
+            .unwrap();
+        assert_eq!(ours.forward(&xt).unwrap().dims(), &[3, 16]);
+        // Wrong inner size is an error, not a panic.
+        let bad = Tensor::zeros((2, 63), DType::F32, &Device::Cpu).unwrap();
+        assert!(ours.forward(&bad).is_err());
+    }
+
+    #[test]
+    fn only_q5_0_cpu_weights_are_taken() {
+        let w = Tensor::from_vec(values(32 * 64, 4), (32, 64), &Device::Cpu).unwrap();
+        let q8 =
+            QMatMul::from_arc(Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap())).unwrap();
+        assert!(Q5Matmul::with_kernel(&q8, Kernel::Scalar).is_none());
+        assert!(Q5Matmul::with_kernel(&QMatMul::Tensor(w), Kernel::Scalar).is_none());
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        let mut out = vec![0f32; 4];
+        assert!(matmul(Kernel::Scalar, &[0u8; 22], 1, 33, &[0f32; 33], &mut out).is_err());
+        assert!(matmul(
+            Kernel::Scalar,
+            &[0u8; 21],
+            1,
+            32,
+            &[0f32; 32],
+            &mut out[..1]
+        )
+        .is_err());
+        assert!(matmul(Kernel::Scalar, &[0u8; 22], 1, 32, &[0f32; 32], &mut out).is_err());
+    }
+
+    /// CPU time of the calling thread in ms (`/proc/thread-self/schedstat`), 0 if unknown.
+    fn thread_cpu_ms() -> f64 {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(0.0, |ns| ns / 1e6)
+    }
+
+    /// `cargo test --release -p tokenrouter-runtime cpu_q5::tests::speed -- --ignored --nocapture`
+    /// (with `RAYON_NUM_THREADS=1` the CPU-time column is the kernel's cost on one core,
+    /// whatever else runs on the machine).
+    #[test]
+    #[ignore]
+    fn speed() {
+        let (n, k) = (4864, 896);
+        let w = q5_weight(n, k, 1);
+        for m in [1, 16, 128, 512] {
+            let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
+            let reps = (4096 / m).max(8);
+            // Fastest wall time of several runs (the machine may be shared), and mean
+            // CPU time of this thread.
+            let time = |f: &dyn Fn() -> Tensor| {
+                let cpu = thread_cpu_ms();
+                let wall = (0..reps)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        f();
+                        t.elapsed().as_secs_f64() * 1e3
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                (wall, (thread_cpu_ms() - cpu) / reps as f64)
+            };
+            let (c, cc) = time(&|| w.forward(&x).unwrap());
+            let mut line = format!("m={m:4} [{n}x{k}]: candle {c:.3} ms (cpu {cc:.3})");
+            for kernel in kernels() {
+                let ours = Q5Matmul::with_kernel(&w, kernel).unwrap();
+                let (o, oc) = time(&|| ours.forward(&x).unwrap());
+                line += &format!(", {kernel:?} {o:.3} (cpu {oc:.3})");
+            }
+            println!("{line}");
+        }
+    }
+}
