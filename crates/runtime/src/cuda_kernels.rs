@@ -100,7 +100,7 @@ pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
         // cuBLAS wins from 3-4 rows on (H200, 2026-11-30: 32B step 30.0 vs 21.7 ms at 4).
         && matches!(x.dim(0), Ok(1..=2))
         && x.dim(1).ok() == w.dim(1).ok()
-        && x.dim(1).is_ok_and(|k| k % 8 == 0)
+        && x.dim(1).is_ok_and(|k| k.is_multiple_of(8))
         && x.is_contiguous()
         && w.is_contiguous()
 }
@@ -129,7 +129,7 @@ impl CustomOp2 for Gemv {
     ) -> Result<(CudaStorage, Shape)> {
         let (m, k) = xl.shape().dims2()?;
         let (n, k2) = wl.shape().dims2()?;
-        if k != k2 || !(1..=8).contains(&m) || k % 8 != 0 {
+        if k != k2 || !(1..=8).contains(&m) || !k.is_multiple_of(8) {
             return Err(err(format!("gemv shapes [{m}, {k}] x [{n}, {k2}]^T")));
         }
         let (x_p, w_p) = (input_ptr(x, xl, "x")?, input_ptr(w, wl, "weight")?);
@@ -296,7 +296,7 @@ pub struct PagedAttention {
 /// Whether the attention kernels handle this head size (16-byte loads, lanes per key row a
 /// power of two within a warp).
 pub fn head_dim_supported(hd: usize) -> bool {
-    hd % 8 == 0 && (hd / 8).is_power_of_two() && hd / 8 <= 32
+    hd.is_multiple_of(8) && (hd / 8).is_power_of_two() && hd / 8 <= 32
 }
 
 /// Context splits for `tokens` query tokens of `heads` heads whose longest context is
@@ -331,7 +331,7 @@ impl CustomOp1 for PagedAttention {
             self.head_dim,
             self.splits.max(1),
         );
-        if !head_dim_supported(hd) || nkv == 0 || nh % nkv != 0 {
+        if !head_dim_supported(hd) || nkv == 0 || !nh.is_multiple_of(nkv) {
             return Err(err(format!("unsupported heads {nh}/{nkv} x {hd}")));
         }
         let (t, width) = layout.shape().dims2()?;

@@ -72,7 +72,7 @@ fn fast_exp(x: f32) -> f32 {
     let f = t - n;
     // 2^f on [0, 1): Taylor series of e^(f ln 2) to degree 8.
     let p = 1.0
-        + f * (0.693_147_2
+        + f * (std::f32::consts::LN_2
             + f * (0.240_226_5
                 + f * (0.055_504_11
                     + f * (0.009_618_129
