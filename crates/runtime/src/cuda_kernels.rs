@@ -150,23 +150,36 @@ impl CustomOp2 for Gemv {
     }
 }
 
+/// `CustomOp1` for an op that only runs on CUDA, done by its inherent `cuda` method.
+macro_rules! cuda_only_op1 {
+    ($ty:ty, $name:literal) => {
+        impl CustomOp1 for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+                cpu_unsupported($name)
+            }
+
+            fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+                self.cuda(s, l)
+            }
+        }
+    };
+}
+
 /// Token embeddings `weight[ids[t]]` for `tokens` ids read from device memory.
 pub struct EmbedGather {
     pub ids: u64,
     pub tokens: usize,
 }
 
-impl CustomOp1 for EmbedGather {
-    fn name(&self) -> &'static str {
-        "embed_gather"
-    }
+cuda_only_op1!(EmbedGather, "embed_gather");
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported("embed_gather")
-    }
-
+impl EmbedGather {
     /// Input: the embedding table `[vocab, hidden]`; output `[tokens, hidden]`.
-    fn cuda_fwd(&self, w: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+    fn cuda(&self, w: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
         let (_, hidden) = layout.shape().dims2()?;
         let w_p = input_ptr(w, layout, "embedding table")?;
         let dev = &w.device;
@@ -203,17 +216,11 @@ pub struct NormRopeStore {
     pub interleaved: bool,
 }
 
-impl CustomOp1 for NormRopeStore {
-    fn name(&self) -> &'static str {
-        "qk_norm_rope_store"
-    }
+cuda_only_op1!(NormRopeStore, "qk_norm_rope_store");
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported(self.name())
-    }
-
+impl NormRopeStore {
     /// Input: the fused qkv projection `[tokens, (nh + 2 nkv) * hd]`; output: roped q.
-    fn cuda_fwd(&self, qkv: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+    fn cuda(&self, qkv: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
         let (nh, nkv, hd, t) = (
             self.num_heads,
             self.num_kv_heads,
@@ -313,18 +320,12 @@ pub fn attention_splits(tokens: usize, heads: usize, max_ctx: Option<usize>) -> 
 /// Must match ATTN_CHUNK_MIN in fused.cu.
 const ATTN_CHUNK_MIN: usize = 64;
 
-impl CustomOp1 for PagedAttention {
-    fn name(&self) -> &'static str {
-        "paged_attention"
-    }
+cuda_only_op1!(PagedAttention, "paged_attention");
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported("paged_attention")
-    }
-
+impl PagedAttention {
     /// Input: roped q `[tokens, nh * hd]`; output: attention `[tokens, nh * hd]` (rows of
     /// skipped tokens are left unwritten).
-    fn cuda_fwd(&self, q: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+    fn cuda(&self, q: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
         let (nh, nkv, hd, splits) = (
             self.num_heads,
             self.num_kv_heads,
@@ -414,16 +415,10 @@ impl CustomOp1 for PagedAttention {
 /// `silu(gate) * up` from the fused `[tokens, 2 * inter]` projection.
 pub struct SiluMul;
 
-impl CustomOp1 for SiluMul {
-    fn name(&self) -> &'static str {
-        "silu_mul"
-    }
+cuda_only_op1!(SiluMul, "silu_mul");
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported(self.name())
-    }
-
-    fn cuda_fwd(&self, gu: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+impl SiluMul {
+    fn cuda(&self, gu: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
         let (t, w2) = layout.shape().dims2()?;
         let inter = w2 / 2;
         let gu_p = input_ptr(gu, layout, "gate_up")?;
@@ -486,16 +481,10 @@ impl AddRmsNorm {
     }
 }
 
-impl CustomOp1 for AddRmsNorm {
-    fn name(&self) -> &'static str {
-        "rms_norm"
-    }
+cuda_only_op1!(AddRmsNorm, "rms_norm");
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported("rms_norm")
-    }
-
-    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
+impl AddRmsNorm {
+    fn cuda(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
         self.run(x, xl, 0)
     }
 }

@@ -417,11 +417,14 @@ impl Transformer {
             let last: Vec<u32> = rows.iter().map(|r| (r.start + r.len - 1) as u32).collect();
             x.index_select(&Tensor::new(last, &self.device)?, 0)?
         };
-        let hn = rms_norm(&x, &self.norm, eps)?;
-        // Sampling and routers read f32 on the host: convert on the device (a no-op on f32).
-        let logits = matmul_t(&hn, &self.lm_head)?.to_dtype(DType::F32)?;
+        Ok(self.head(&rms_norm(&x, &self.norm, eps)?, want_hidden)?)
+    }
+
+    /// Logits (and, when wanted, the hidden state) of final-norm hidden states `hn`.
+    /// Sampling and routers read f32: convert on the device (a no-op on f32).
+    fn head(&self, hn: &Tensor, want_hidden: bool) -> candle_core::Result<ForwardOutput> {
         Ok(ForwardOutput {
-            logits,
+            logits: matmul_t(hn, &self.lm_head)?.to_dtype(DType::F32)?,
             hidden: if want_hidden {
                 Some(hn.to_dtype(DType::F32)?)
             } else {

@@ -169,15 +169,7 @@ impl Transformer {
             let last: Vec<u32> = rows.iter().map(|r| (r.start + r.len - 1) as u32).collect();
             h.index_select(&Tensor::new(last, &self.device)?, 0)?
         };
-        let logits = super::matmul_t(&hn, &self.lm_head)?.to_dtype(DType::F32)?;
-        Ok(ForwardOutput {
-            logits,
-            hidden: if want_hidden {
-                Some(hn.to_dtype(DType::F32)?)
-            } else {
-                None
-            },
-        })
+        self.head(&hn, want_hidden)
     }
 
     /// All decoder layers over embedded tokens `x` (updated in place as the residual
