@@ -25,6 +25,8 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
+use super::{par_chunks, SharedMut};
+
 /// Values per block (Q5_0 and Q8_0 alike).
 const QK: usize = 32;
 /// Bytes of one Q5_0 block: f16 scale, 32 high bits, 16 bytes of low nibbles.
@@ -33,8 +35,6 @@ const Q5_BYTES: usize = 22;
 const Q8_BYTES: usize = 34;
 /// Rows computed together: activation rows per prefill tile, weight rows per work item.
 const TILE: usize = 8;
-/// Below this many block products the pool's hand-off costs more than it saves.
-const MIN_PARALLEL_BLOCKS: usize = 4096;
 
 // The activation blocks are read as bytes: `BlockQ8_0` is `#[repr(C)] { d: f16, qs: [i8; 32] }`,
 // the ggml layout, with no padding.
@@ -174,33 +174,6 @@ impl CustomOp1 for Q5Matmul {
         let mut out = vec![0f32; m * self.n];
         matmul(self.kernel, &data, self.n, self.k, x, &mut out)?;
         Ok((CpuStorage::F32(out), Shape::from(dims)))
-    }
-}
-
-/// Output pointer shared by pool workers that write disjoint elements.
-struct SharedMut<T>(*mut T);
-impl<T> Clone for SharedMut<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SharedMut<T> {}
-// SAFETY: every user writes only elements no other work item writes (see the callers).
-unsafe impl<T> Send for SharedMut<T> {}
-unsafe impl<T> Sync for SharedMut<T> {}
-
-impl<T> SharedMut<T> {
-    fn get(self) -> *mut T {
-        self.0
-    }
-}
-
-/// Run `f` over `0..n` in chunks, on the pool when `cost` is worth the hand-off.
-fn par_chunks(n: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
-    if cost < MIN_PARALLEL_BLOCKS {
-        f(0..n);
-    } else {
-        candle_core::utils::barrier_pool().execute_chunked(n, f);
     }
 }
 
@@ -854,7 +827,7 @@ mod tests {
             .map_or(0.0, |ns| ns / 1e6)
     }
 
-    /// `cargo test --release -p tokenrouter-runtime cpu_q5::tests::speed -- --ignored --nocapture`
+    /// `cargo test --release -p tokenrouter-runtime cpu_quant::q5_0::tests::speed -- --ignored --nocapture`
     /// (with `RAYON_NUM_THREADS=1` the CPU-time column is the kernel's cost on one core,
     /// whatever else runs on the machine).
     #[test]
