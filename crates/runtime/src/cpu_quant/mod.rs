@@ -5,6 +5,8 @@
 //!   scales as f32, a third more bytes than the GGUF blocks; decode reads all weights once per
 //!   token, so it pays that in memory bandwidth. Ours packs the same tiles with the compact
 //!   scales and does the same arithmetic).
+//! - [`q6_k`]: Q6_K x Q8_K for single rows (decode), where candle runs its AVX2 dot product
+//!   one weight row at a time.
 //!
 //! `Linear` (model.rs) asks [`CpuMatmul::new`] for each weight; `None` leaves it to candle.
 
@@ -13,15 +15,18 @@ use candle_core::Tensor;
 
 pub mod q4_k;
 pub mod q5_0;
+pub mod q6_k;
 
 pub use q4_k::Q4kMatmul;
 pub use q5_0::Q5Matmul;
+pub use q6_k::Q6kMatmul;
 
 /// One of our CPU kernels for a quantized weight.
 #[derive(Clone, Debug)]
 pub enum CpuMatmul {
     Q5_0(Q5Matmul),
     Q4K(Q4kMatmul),
+    Q6K(Q6kMatmul),
 }
 
 impl CpuMatmul {
@@ -31,7 +36,10 @@ impl CpuMatmul {
         if let Some(q) = Q5Matmul::new(w) {
             return Some(Self::Q5_0(q));
         }
-        Q4kMatmul::new(w).map(Self::Q4K)
+        if let Some(q) = Q4kMatmul::new(w) {
+            return Some(Self::Q4K(q));
+        }
+        Q6kMatmul::new(w).map(Self::Q6K)
     }
 
     /// `x @ w^T` for `x` of shape `[.., k]`.
@@ -39,6 +47,7 @@ impl CpuMatmul {
         match self {
             Self::Q5_0(q) => q.forward(x),
             Self::Q4K(q) => q.forward(x),
+            Self::Q6K(q) => q.forward(x),
         }
     }
 }
