@@ -137,6 +137,8 @@ pub struct Transformer {
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: QMatMul,
+    /// Our CPU kernel for `lm_head` when one applies (as `Linear::cpu`).
+    lm_head_cpu: Option<CpuMatmul>,
     rope: RopeTable,
     /// The rotary table as tensors, made on first use by the tensor-KV path.
     rope_dev: OnceLock<DeviceRope>,
@@ -219,6 +221,7 @@ impl Transformer {
             embed,
             layers,
             norm,
+            lm_head_cpu: CpuMatmul::new(&lm_head),
             lm_head,
             rope,
             rope_dev: OnceLock::new(),
@@ -419,7 +422,11 @@ impl Transformer {
         };
         let hn = rms_norm(&x, &self.norm, eps)?;
         // Sampling and routers read f32 on the host: convert on the device (a no-op on f32).
-        let logits = matmul_t(&hn, &self.lm_head)?.to_dtype(DType::F32)?;
+        let logits = match &self.lm_head_cpu {
+            Some(q) => q.forward(&hn)?,
+            None => matmul_t(&hn, &self.lm_head)?,
+        };
+        let logits = logits.to_dtype(DType::F32)?;
         Ok(ForwardOutput {
             logits,
             hidden: if want_hidden {
