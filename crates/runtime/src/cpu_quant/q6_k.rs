@@ -3,10 +3,11 @@
 //! For one activation row candle 0.11 multiplies Q6_K weights with its AVX2 `vec_dot_q6k_q8k`,
 //! one weight row at a time: in a decode profile of Qwen2.5-1.5B Q4_K_M (Q6_K output matrix
 //! and half of the `ffn_down` / `attn_v` matrices) that was half of the time. Ours reads eight
-//! weight rows side by side with 512-bit integer steps and prefetches the next eight, and
-//! keeps candle's arithmetic exactly: per row, eight i32 lanes (lane `l` sums positions
-//! `4l..4l + 4` of every 32-value chunk, scaled: `sc * (q - 32) * y`), then per block
-//! `acc = fma(d_x * d_w, lanes, acc)`, and candle's horizontal sum at the end.
+//! weight rows side by side (512-bit integer steps, or candle's own 256-bit ones on AVX2-only
+//! CPUs) and prefetches the next eight, and keeps candle's arithmetic exactly: per row, eight
+//! i32 lanes (lane `l` sums positions `4l..4l + 4` of every 32-value chunk, scaled:
+//! `sc * (q - 32) * y`), then per block `acc = fma(d_x * d_w, lanes, acc)`, and candle's
+//! horizontal sum at the end.
 //!
 //! With several activation rows candle uses its repacked tiles instead (other rounding):
 //! those calls stay with candle.
@@ -37,22 +38,29 @@ const _: () = assert!(std::mem::size_of::<BlockQ8K>() == Q8K_BYTES);
 pub enum Kernel {
     /// Portable loop with candle's arithmetic.
     Scalar,
+    /// 256-bit kernel (AVX2 + FMA + F16C).
+    Avx2,
     /// 512-bit kernel (AVX512F + BW + VNNI).
     Avx512Vnni,
 }
 
 impl Kernel {
     pub fn detect() -> Self {
-        if Kernel::Avx512Vnni.available() {
-            Kernel::Avx512Vnni
-        } else {
-            Kernel::Scalar
-        }
+        [Kernel::Avx512Vnni, Kernel::Avx2]
+            .into_iter()
+            .find(|k| k.available())
+            .unwrap_or(Kernel::Scalar)
     }
 
     pub fn available(self) -> bool {
         match self {
             Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512Vnni => {
                 is_x86_feature_detected!("avx512f")
@@ -61,7 +69,7 @@ impl Kernel {
                     && is_x86_feature_detected!("fma")
             }
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx512Vnni => false,
+            Kernel::Avx2 | Kernel::Avx512Vnni => false,
         }
     }
 }
@@ -102,6 +110,7 @@ impl Q6kMatmul {
         let kernel = match std::env::var("TOKENROUTER_CPU_QK").as_deref() {
             Ok("candle") => return None,
             Ok("scalar") => Kernel::Scalar,
+            Ok("avx2") => Kernel::Avx2,
             _ => match Kernel::detect() {
                 Kernel::Scalar => return None,
                 k => k,
@@ -226,8 +235,13 @@ fn matvec(
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `matvec` checked that the CPU runs the kernel; it checks lengths.
                 Kernel::Avx512Vnni => unsafe { avx512::dot(&ws, q) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                Kernel::Avx2 => unsafe { avx2::dot(&ws, q) },
                 #[cfg(not(target_arch = "x86_64"))]
-                Kernel::Avx512Vnni => unreachable!("only the scalar kernel runs off x86_64"),
+                Kernel::Avx2 | Kernel::Avx512Vnni => {
+                    unreachable!("only the scalar kernel runs off x86_64")
+                }
             };
             for (r, d) in rows.zip(dots) {
                 // SAFETY: rows belong to one group each; `out` outlives the call.
@@ -356,6 +370,82 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
+    use std::arch::x86_64::*;
+
+    /// Eight weight rows against the Q8_K blocks `q`, with candle's own integer steps
+    /// (`maddubs` of the stored values and of 32, difference, `madd` with the scales).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot(ws: &[&[u8]; ROWS], q: &[u8]) -> [f32; ROWS] {
+        let kb = q.len() / Q8K_BYTES;
+        // Real checks: the loops read kb blocks of every row through raw pointers.
+        assert!(q.len() == kb * Q8K_BYTES);
+        for w in ws {
+            assert!(w.len() == kb * Q6K_BYTES);
+        }
+        let wp = ws.map(|w| w.as_ptr());
+        let ahead = wp[0].wrapping_add(ROWS * kb * Q6K_BYTES);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m30 = _mm256_set1_epi8(0x30);
+        let m32 = _mm256_set1_epi8(32);
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        for b in 0..kb {
+            let pre = ahead.wrapping_add(b * ROWS * Q6K_BYTES);
+            for line in 0..(ROWS * Q6K_BYTES).div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(pre.wrapping_add(64 * line) as *const i8);
+            }
+            let y = q.as_ptr().add(b * Q8K_BYTES);
+            let dy = std::ptr::read_unaligned(y as *const f32);
+            // Chunk c: activations 32c..32c+32, and 32 times each of their pairs' sums.
+            let yv: [__m256i; 8] =
+                std::array::from_fn(|c| _mm256_loadu_si256(y.add(4 + 32 * c) as *const _));
+            let ys = yv.map(|v| _mm256_maddubs_epi16(m32, v));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let blk = wp[r].add(b * Q6K_BYTES);
+                let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..2 {
+                    let ql0 = _mm256_loadu_si256(blk.add(64 * j) as *const _);
+                    let ql1 = _mm256_loadu_si256(blk.add(64 * j + 32) as *const _);
+                    let qh = _mm256_loadu_si256(blk.add(Q6K_QH + 32 * j) as *const _);
+                    let vals = [
+                        (ql0, _mm256_slli_epi16(qh, 4)),
+                        (ql1, _mm256_slli_epi16(qh, 2)),
+                        (_mm256_srli_epi16(ql0, 4), qh),
+                        (_mm256_srli_epi16(ql1, 4), _mm256_srli_epi16(qh, 2)),
+                    ];
+                    for (i, (lo, hi)) in vals.into_iter().enumerate() {
+                        let c = 4 * j + i;
+                        let v =
+                            _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30));
+                        let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(v, yv[c]), ys[c]);
+                        // Values 16i.. of the chunk take scale 2c + i.
+                        let sc = _mm_shuffle_epi8(
+                            scales,
+                            _mm_add_epi8(
+                                _mm_set1_epi8(2 * c as i8),
+                                _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                            ),
+                        );
+                        let p = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc), p16);
+                        sumi = _mm256_add_epi32(sumi, p);
+                    }
+                }
+                let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(
+                    blk.add(Q6K_D) as *const i16,
+                ))));
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * dw), _mm256_cvtepi32_ps(sumi), *acc);
+            }
+        }
+        acc.map(|a| super::hsum8(std::mem::transmute::<__m256, [f32; 8]>(a)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,7 +470,7 @@ mod tests {
     }
 
     fn kernels() -> Vec<Kernel> {
-        [Kernel::Scalar, Kernel::Avx512Vnni]
+        [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni]
             .into_iter()
             .filter(|k| k.available())
             .collect()
