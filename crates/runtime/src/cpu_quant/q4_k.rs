@@ -67,6 +67,10 @@ const _: () = assert!(TILE_BYTES == 2368);
 pub enum Kernel {
     /// Portable loop with candle's arithmetic (`mul_add` for its fused steps).
     Scalar,
+    /// 256-bit kernel (AVX2 + FMA + F16C): `vpmaddubsw` + `vpmaddwd`.
+    Avx2,
+    /// As [`Kernel::Avx2`] with the `vpdpbusd` of AVX-VNNI.
+    AvxVnni,
     /// 512-bit kernel (AVX512F + BW + VNNI).
     Avx512Vnni,
 }
@@ -74,11 +78,10 @@ pub enum Kernel {
 impl Kernel {
     /// The fastest kernel this CPU runs.
     pub fn detect() -> Self {
-        if Kernel::Avx512Vnni.available() {
-            Kernel::Avx512Vnni
-        } else {
-            Kernel::Scalar
-        }
+        [Kernel::Avx512Vnni, Kernel::AvxVnni, Kernel::Avx2]
+            .into_iter()
+            .find(|k| k.available())
+            .unwrap_or(Kernel::Scalar)
     }
 
     /// Whether this CPU can run the kernel.
@@ -86,13 +89,21 @@ impl Kernel {
         match self {
             Kernel::Scalar => true,
             #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => Kernel::Avx2.available() && is_x86_feature_detected!("avxvnni"),
+            #[cfg(target_arch = "x86_64")]
             Kernel::Avx512Vnni => {
                 is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx512Vnni => false,
+            _ => false,
         }
     }
 }
@@ -154,6 +165,7 @@ impl Q4kMatmul {
         let kernel = match std::env::var("TOKENROUTER_CPU_QK").as_deref() {
             Ok("candle") => return None,
             Ok("scalar") => Kernel::Scalar,
+            Ok("avx2") => Kernel::Avx2,
             _ => match Kernel::detect() {
                 Kernel::Scalar => return None,
                 k => k,
@@ -378,8 +390,57 @@ fn dot_tiles(kernel: Kernel, tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; 
                 _ => avx512::dot::<4>(tiles, acts),
             }
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Kernel::Avx2 => unsafe {
+            tiles256(
+                avx2::dot::<1>,
+                avx2::dot::<2>,
+                avx2::dot::<3>,
+                avx2::dot::<4>,
+                tiles,
+                acts,
+            )
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Kernel::AvxVnni => unsafe {
+            tiles256(
+                avx_vnni::dot::<1>,
+                avx_vnni::dot::<2>,
+                avx_vnni::dot::<3>,
+                avx_vnni::dot::<4>,
+                tiles,
+                acts,
+            )
+        },
         #[cfg(not(target_arch = "x86_64"))]
-        Kernel::Avx512Vnni => unreachable!("only the scalar kernel is available off x86_64"),
+        _ => unreachable!("only the scalar kernel is available off x86_64"),
+    }
+}
+
+/// A 256-bit kernel for 1..=4 activation rows.
+#[cfg(target_arch = "x86_64")]
+type Dot256 = unsafe fn(&[Tile], &[&[u8]]) -> [[f32; TILE_N]; MT];
+
+/// Dispatch on the activation row count.
+///
+/// # Safety
+/// The CPU must run the kernels.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles256(
+    d1: Dot256,
+    d2: Dot256,
+    d3: Dot256,
+    d4: Dot256,
+    tiles: &[Tile],
+    acts: &[&[u8]],
+) -> [[f32; TILE_N]; MT] {
+    match acts.len() {
+        1 => d1(tiles, acts),
+        2 => d2(tiles, acts),
+        3 => d3(tiles, acts),
+        _ => d4(tiles, acts),
     }
 }
 
@@ -518,6 +579,127 @@ mod avx512 {
     }
 }
 
+/// The 256-bit kernels: each 16-row tile as two halves of eight rows. `$dot(acc, w, y)` adds
+/// the dot products of each 4 unsigned bytes of `w` with the signed bytes of `y` to `acc`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! kernels256 {
+    ($module:ident, $features:literal, $dot:expr) => {
+        mod $module {
+            use super::{Tile, MT, PREFETCH_TILES, Q8K_BSUMS, Q8K_BYTES, TILE_BYTES, TILE_N};
+            use std::arch::x86_64::*;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn bcast4(q: *const u8, off: usize) -> __m256i {
+                _mm256_set1_epi32(std::ptr::read_unaligned(q.add(off) as *const i32))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn widen(p: *const u8) -> __m256 {
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dp(acc: __m256i, w: __m256i, y: __m256i) -> __m256i {
+                #[allow(clippy::redundant_closure_call)]
+                ($dot)(acc, w, y)
+            }
+
+            /// `tiles` (16 weight rows) against the `M` activation rows `acts`.
+            ///
+            /// # Safety
+            /// The CPU must support `$features`.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn dot<const M: usize>(
+                tiles: &[Tile],
+                acts: &[&[u8]],
+            ) -> [[f32; TILE_N]; MT] {
+                let kb = tiles.len();
+                // Real checks: the loops read kb blocks of every row through raw pointers.
+                assert!(acts.len() == M && M <= MT);
+                for a in acts {
+                    assert!(a.len() == kb * Q8K_BYTES);
+                }
+                let mask = _mm256_set1_epi8(0x0f);
+                let mut acc = [[_mm256_setzero_ps(); 2]; M];
+                for (b, tile) in tiles.iter().enumerate() {
+                    let ahead = (tile as *const Tile as *const u8)
+                        .wrapping_add(PREFETCH_TILES * TILE_BYTES);
+                    let q: [*const u8; M] =
+                        std::array::from_fn(|i| acts[i].as_ptr().add(b * Q8K_BYTES));
+                    let qs = tile.qs.as_ptr();
+                    for sub in 0..8 {
+                        for line in (sub * 5..sub * 5 + 5).take_while(|l| *l < TILE_BYTES / 64) {
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+                        }
+                        let mut isum = [[_mm256_setzero_si256(); 2]; M];
+                        for g4 in 0..4 {
+                            let g = sub * 4 + g4;
+                            for h in 0..2 {
+                                let w = _mm256_loadu_si256(
+                                    qs.add(g * TILE_N * 4 + h * 32) as *const __m256i
+                                );
+                                let lo = _mm256_and_si256(w, mask);
+                                let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+                                for i in 0..M {
+                                    let y = q[i].add(4);
+                                    isum[i][h] = dp(isum[i][h], lo, bcast4(y, g * 8));
+                                    isum[i][h] = dp(isum[i][h], hi, bcast4(y, g * 8 + 4));
+                                }
+                            }
+                        }
+                        for h in 0..2 {
+                            let d = _mm256_cvtph_ps(_mm_loadu_si128(
+                                tile.d.as_ptr().add(8 * h) as *const __m128i
+                            ));
+                            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(
+                                tile.dmin.as_ptr().add(8 * h) as *const __m128i,
+                            ));
+                            // Exact products, candle's pre-multiplied scales and mins.
+                            let scale = _mm256_mul_ps(widen(tile.sc[sub].as_ptr().add(8 * h)), d);
+                            let min = _mm256_mul_ps(widen(tile.mn[sub].as_ptr().add(8 * h)), dmin);
+                            for i in 0..M {
+                                let dall = std::ptr::read_unaligned(q[i] as *const f32);
+                                let p = q[i].add(Q8K_BSUMS + 4 * sub) as *const i16;
+                                let bsum = (std::ptr::read_unaligned(p) as i32
+                                    + std::ptr::read_unaligned(p.add(1)) as i32)
+                                    as f32;
+                                let f = _mm256_cvtepi32_ps(isum[i][h]);
+                                acc[i][h] = _mm256_fmadd_ps(
+                                    f,
+                                    _mm256_mul_ps(scale, _mm256_set1_ps(dall)),
+                                    acc[i][h],
+                                );
+                                acc[i][h] =
+                                    _mm256_fnmadd_ps(min, _mm256_set1_ps(dall * bsum), acc[i][h]);
+                            }
+                        }
+                    }
+                }
+                let mut out = [[0f32; TILE_N]; MT];
+                for i in 0..M {
+                    _mm256_storeu_ps(out[i].as_mut_ptr(), acc[i][0]);
+                    _mm256_storeu_ps(out[i].as_mut_ptr().add(8), acc[i][1]);
+                }
+                out
+            }
+        }
+    };
+}
+
+// u4 x i8 pairs (<= 3840) stay inside maddubs' i16.
+#[cfg(target_arch = "x86_64")]
+kernels256!(avx2, "avx2,fma,f16c", |acc, w, y| _mm256_add_epi32(
+    acc,
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), _mm256_set1_epi16(1))
+));
+#[cfg(target_arch = "x86_64")]
+kernels256!(avx_vnni, "avx2,fma,f16c,avxvnni", |acc, w, y| {
+    _mm256_dpbusd_avx_epi32(acc, w, y)
+});
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -543,10 +725,15 @@ mod tests {
     }
 
     fn kernels() -> Vec<Kernel> {
-        [Kernel::Scalar, Kernel::Avx512Vnni]
-            .into_iter()
-            .filter(|k| k.available())
-            .collect()
+        [
+            Kernel::Scalar,
+            Kernel::Avx2,
+            Kernel::AvxVnni,
+            Kernel::Avx512Vnni,
+        ]
+        .into_iter()
+        .filter(|k| k.available())
+        .collect()
     }
 
     fn run(w: &QMatMul, kernel: Kernel, x: &Tensor) -> Vec<f32> {
