@@ -6,7 +6,7 @@
 pub mod attention;
 pub mod attention_device;
 pub mod config;
-pub mod cpu_q5;
+pub mod cpu_quant;
 #[cfg(feature = "cuda")]
 pub mod cuda_check;
 #[cfg(feature = "cuda")]

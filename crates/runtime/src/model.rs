@@ -5,7 +5,7 @@
 use crate::attention::{paged_attention, HeadDims, RopeTable, RowSpan};
 use crate::attention_device::{self, DeviceRope, StepPlan};
 use crate::config::ModelConfig;
-use crate::cpu_q5::Q5Matmul;
+use crate::cpu_quant::CpuMatmul;
 use crate::error::Result;
 use crate::kv::{BlockTable, KvStore};
 use crate::weights::{Part, Role, WeightSource};
@@ -38,8 +38,8 @@ pub(crate) fn matmul_t(x: &Tensor, w: &QMatMul) -> candle_core::Result<Tensor> {
 /// A matmul with an optional bias.
 pub struct Linear {
     w: QMatMul,
-    /// Q5_0 weights on the CPU run on our SIMD kernel instead (see `cpu_q5.rs`).
-    q5: Option<Q5Matmul>,
+    /// Q5_0 / Q4_K / Q6_K weights on the CPU run on our SIMD kernels instead (see `cpu_quant/`).
+    cpu: Option<CpuMatmul>,
     b: Option<Tensor>,
 }
 
@@ -58,8 +58,8 @@ impl Linear {
         } else {
             None
         };
-        let q5 = Q5Matmul::new(&w);
-        Ok(Self { w, q5, b })
+        let cpu = CpuMatmul::new(&w);
+        Ok(Self { w, cpu, b })
     }
 
     /// One matmul for several projections of the same input (rows stacked), when all are
@@ -90,14 +90,14 @@ impl Linear {
         };
         Ok(Some(Linear {
             w: QMatMul::Tensor(Tensor::cat(&ws, 0)?),
-            q5: None,
+            cpu: None,
             b,
         }))
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = match &self.q5 {
-            Some(q5) => q5.forward(x)?,
+        let y = match &self.cpu {
+            Some(q) => q.forward(x)?,
             None => matmul_t(x, &self.w)?,
         };
         match &self.b {
@@ -137,6 +137,8 @@ pub struct Transformer {
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: QMatMul,
+    /// Our CPU kernel for `lm_head` when one applies (as `Linear::cpu`).
+    lm_head_cpu: Option<CpuMatmul>,
     rope: RopeTable,
     /// The rotary table as tensors, made on first use by the tensor-KV path.
     rope_dev: OnceLock<DeviceRope>,
@@ -219,6 +221,7 @@ impl Transformer {
             embed,
             layers,
             norm,
+            lm_head_cpu: CpuMatmul::new(&lm_head),
             lm_head,
             rope,
             rope_dev: OnceLock::new(),
@@ -423,8 +426,12 @@ impl Transformer {
     /// Logits (and, when wanted, the hidden state) of final-norm hidden states `hn`.
     /// Sampling and routers read f32: convert on the device (a no-op on f32).
     fn head(&self, hn: &Tensor, want_hidden: bool) -> candle_core::Result<ForwardOutput> {
+        let logits = match &self.lm_head_cpu {
+            Some(q) => q.forward(hn)?,
+            None => matmul_t(hn, &self.lm_head)?,
+        };
         Ok(ForwardOutput {
-            logits: matmul_t(hn, &self.lm_head)?.to_dtype(DType::F32)?,
+            logits: logits.to_dtype(DType::F32)?,
             hidden: if want_hidden {
                 Some(hn.to_dtype(DType::F32)?)
             } else {

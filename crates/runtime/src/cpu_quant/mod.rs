@@ -1,0 +1,84 @@
+//! Our own CPU matmuls for quantized weights, bit-exact with candle's `QMatMul::forward`.
+//!
+//! - [`q5_0`]: Q5_0 x Q8_0 (candle 0.11 only has the scalar reference loop for it).
+//! - [`q4_k`]: Q4_K x Q8_K (candle repacks these weights into 16-row tiles that hold the
+//!   scales as f32, a third more bytes than the GGUF blocks; decode reads all weights once per
+//!   token, so it pays that in memory bandwidth. Ours packs the same tiles with the compact
+//!   scales and does the same arithmetic).
+//! - [`q6_k`]: Q6_K x Q8_K for single rows (decode), where candle runs its AVX2 dot product
+//!   one weight row at a time.
+//!
+//! `Linear` (model.rs) asks [`CpuMatmul::new`] for each weight; `None` leaves it to candle.
+
+use candle_core::quantized::QMatMul;
+use candle_core::Tensor;
+
+pub mod q4_k;
+pub mod q5_0;
+pub mod q6_k;
+
+pub use q4_k::Q4kMatmul;
+pub use q5_0::Q5Matmul;
+pub use q6_k::Q6kMatmul;
+
+/// One of our CPU kernels for a quantized weight.
+#[derive(Clone, Debug)]
+pub enum CpuMatmul {
+    Q5_0(Q5Matmul),
+    Q4K(Q4kMatmul),
+    Q6K(Q6kMatmul),
+}
+
+impl CpuMatmul {
+    /// Takes over `w` when one of our kernels handles its type on this CPU (and the
+    /// `TOKENROUTER_CPU_Q5` / `TOKENROUTER_CPU_QK` switches leave it on).
+    pub fn new(w: &QMatMul) -> Option<Self> {
+        if let Some(q) = Q5Matmul::new(w) {
+            return Some(Self::Q5_0(q));
+        }
+        if let Some(q) = Q4kMatmul::new(w) {
+            return Some(Self::Q4K(q));
+        }
+        Q6kMatmul::new(w).map(Self::Q6K)
+    }
+
+    /// `x @ w^T` for `x` of shape `[.., k]`.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Q5_0(q) => q.forward(x),
+            Self::Q4K(q) => q.forward(x),
+            Self::Q6K(q) => q.forward(x),
+        }
+    }
+}
+
+/// Below this many 32-value block products the pool's hand-off costs more than it saves.
+const MIN_PARALLEL_BLOCKS: usize = 4096;
+
+/// Output pointer shared by pool workers that write disjoint elements.
+struct SharedMut<T>(*mut T);
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
+// SAFETY: every user writes only elements no other work item writes (see the callers).
+unsafe impl<T> Send for SharedMut<T> {}
+unsafe impl<T> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Run `f` over `0..n` in chunks, on candle's barrier pool when `cost` (in 32-value block
+/// products) is worth the hand-off.
+fn par_chunks(n: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    if cost < MIN_PARALLEL_BLOCKS {
+        f(0..n);
+    } else {
+        candle_core::utils::barrier_pool().execute_chunked(n, f);
+    }
+}

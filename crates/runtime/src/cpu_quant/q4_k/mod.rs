@@ -1,0 +1,494 @@
+//! CPU matmul for Q4_K weights.
+//!
+//! On x86 candle 0.11 runs Q4_K x Q8_K through its repacked kernels (`repack_x86.rs`): the
+//! weights are copied into tiles of 16 rows x 256 values, 4-bit values interleaved so one
+//! `vpdpbusd` yields the integer dot products of 16 rows at once, and the per-32-value scales
+//! and mins stored as pre-multiplied f32 (`d * sc`, `dmin * m`). Those f32s make a tile 3072
+//! bytes where the GGUF blocks take 2304; single-stream decode reads every weight once per
+//! token and is bound by memory bandwidth, so it pays a third more time for Q4_K matrices.
+//!
+//! Our tiles keep the same value layout but store the scales as GGUF has them (f16 `d` and
+//! `dmin`, 6-bit `sc` and `m` widened to bytes: 2368 bytes a tile), and the kernel multiplies
+//! them out on the fly. `d * sc` is exact in f32 (11-bit by 6-bit mantissas), so every
+//! output is, bit for bit, what candle's kernel computes: per 32-value sub-block,
+//! `acc = fma(isum, scale * d_x, acc)` then `acc = fma(-min, d_x * bsum, acc)`, sub-blocks and
+//! super-blocks in order. The next tiles are prefetched while one is read.
+//!
+//! candle takes that path for Q4_K when `n % 16 == 0` and `k % 256 == 0` on any x86 CPU with
+//! AVX2, with the same arithmetic in its 256- and 512-bit versions. Its one other path
+//! there, AMX for `m >= 32`, rounds differently: those matmuls stay with candle.
+
+use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use std::sync::Arc;
+
+use super::{par_chunks, SharedMut};
+
+/// Values per super-block.
+const QK_K: usize = 256;
+/// Bytes of one Q4_K block: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles.
+const Q4K_BYTES: usize = 144;
+/// Bytes of one Q8_K block: f32 d, 256 i8, 16 i16 sums of 16 values.
+const Q8K_BYTES: usize = 292;
+/// Offset of the sums in a Q8_K block.
+const Q8K_BSUMS: usize = 260;
+/// Weight rows per tile.
+const TILE_N: usize = 16;
+/// Activation rows per work item (candle's `MAX_MT`).
+const MT: usize = 4;
+/// Tiles ahead of the one being read that the kernel prefetches.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const PREFETCH_TILES: usize = 2;
+
+// Activation blocks are read as bytes: `BlockQ8K` is `#[repr(C)] { d: f32, qs: [i8; 256],
+// bsums: [i16; 16] }`, the ggml layout, with no padding.
+const _: () = assert!(std::mem::size_of::<BlockQ8K>() == Q8K_BYTES);
+
+/// 16 weight rows by one super-block of 256 values.
+#[derive(Clone)]
+#[repr(C, align(64))]
+pub struct Tile {
+    /// `[group of 8 values (32)][row (16)][4 bytes]`: byte j holds value `8g + j` in the low
+    /// nibble and `8g + j + 4` in the high one (candle's `TileQ4K` order).
+    qs: [u8; QK_K / 2 * TILE_N],
+    /// Each row's f16 `d` and `dmin`, as bits.
+    d: [u16; TILE_N],
+    dmin: [u16; TILE_N],
+    /// `[sub-block (8)][row (16)]` 6-bit scales and mins.
+    sc: [[u8; TILE_N]; 8],
+    mn: [[u8; TILE_N]; 8],
+}
+const TILE_BYTES: usize = std::mem::size_of::<Tile>();
+const _: () = assert!(TILE_BYTES == 2368);
+
+/// Which kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Portable loop with candle's arithmetic (`mul_add` for its fused steps).
+    Scalar,
+    /// 256-bit kernel (AVX2 + FMA + F16C): `vpmaddubsw` + `vpmaddwd`.
+    Avx2,
+    /// As [`Kernel::Avx2`] with the `vpdpbusd` of AVX-VNNI.
+    AvxVnni,
+    /// 512-bit kernel (AVX512F + BW + VNNI).
+    Avx512Vnni,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs.
+    pub fn detect() -> Self {
+        [Kernel::Avx512Vnni, Kernel::AvxVnni, Kernel::Avx2]
+            .into_iter()
+            .find(|k| k.available())
+            .unwrap_or(Kernel::Scalar)
+    }
+
+    /// Whether this CPU can run the kernel.
+    pub fn available(self) -> bool {
+        match self {
+            Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => Kernel::Avx2.available() && is_x86_feature_detected!("avxvnni"),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+/// Whether candle runs Q4_K x Q8_K through its repacked x86 kernels, whose results ours
+/// reproduce (otherwise it uses other arithmetic and we leave the weight to it).
+fn candle_uses_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // candle's `repack_x86::level()`.
+        (is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vnni"))
+            || (is_x86_feature_detected!("avx2")
+                && (is_x86_feature_detected!("avxvnni") || is_x86_feature_detected!("fma")))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the CPU has AMX-INT8 (candle then uses it for `m >= 32`).
+fn cpu_has_amx() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[allow(unused_unsafe)]
+        let info = unsafe { std::arch::x86_64::__cpuid_count(7, 0) };
+        info.edx & (1 << 25) != 0 && info.edx & (1 << 24) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A Q4_K weight `[n, k]` on the CPU, multiplied by our kernels.
+#[derive(Clone)]
+pub struct Q4kMatmul {
+    w: Arc<QTensor>,
+    tiles: Arc<Vec<Tile>>,
+    n: usize,
+    k: usize,
+    kernel: Kernel,
+    /// Leave `m >= 32` to candle (its AMX path).
+    amx: bool,
+}
+
+impl std::fmt::Debug for Q4kMatmul {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Q4kMatmul([{}, {}], {:?})", self.n, self.k, self.kernel)
+    }
+}
+
+impl Q4kMatmul {
+    /// Takes over `w` when it is a Q4_K matrix on the CPU that candle would run through its
+    /// tiled kernels; `None` leaves it to candle. `TOKENROUTER_CPU_QK=candle` turns this path
+    /// off, `=scalar` forces the portable kernel (for A/B measurements). Without a SIMD
+    /// kernel for this CPU candle keeps the weight.
+    pub fn new(w: &QMatMul) -> Option<Self> {
+        let kernel = match std::env::var("TOKENROUTER_CPU_QK").as_deref() {
+            Ok("candle") => return None,
+            Ok("scalar") => Kernel::Scalar,
+            Ok("avx2") => Kernel::Avx2,
+            _ => match Kernel::detect() {
+                Kernel::Scalar => return None,
+                k => k,
+            },
+        };
+        Self::with_kernel(w, kernel)
+    }
+
+    /// As [`Q4kMatmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
+    pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
+        let QMatMul::QTensor(t) = w else {
+            return None;
+        };
+        if t.dtype() != GgmlDType::Q4K
+            || !t.device().is_cpu()
+            || !kernel.available()
+            || !candle_uses_tiles()
+        {
+            return None;
+        }
+        let (n, k) = t.shape().dims2().ok()?;
+        if n == 0
+            || !n.is_multiple_of(TILE_N)
+            || k == 0
+            || !k.is_multiple_of(QK_K)
+            || t.storage_size_in_bytes() != n * k / QK_K * Q4K_BYTES
+        {
+            return None;
+        }
+        let tiles = pack(&t.data().ok()?, n, k);
+        Some(Self {
+            w: t.clone(),
+            tiles: Arc::new(tiles),
+            n,
+            k,
+            kernel,
+            amx: cpu_has_amx(),
+        })
+    }
+
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let m = x.elem_count() / self.k.max(1);
+        if x.dtype() != DType::F32 || !x.device().is_cpu() || (self.amx && m >= 32) {
+            return x.apply_op1_no_bwd(self.w.as_ref());
+        }
+        x.contiguous()?.apply_op1_no_bwd(self)
+    }
+}
+
+impl CustomOp1 for Q4kMatmul {
+    fn name(&self) -> &'static str {
+        "q4_k-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("q4_k matmul: input is not contiguous {layout:?}");
+        };
+        let x = &storage.as_slice::<f32>()?[start..end];
+        let mut dims = layout.dims().to_vec();
+        match dims.last_mut() {
+            Some(last) if *last == self.k => *last = self.n,
+            _ => candle_core::bail!("q4_k matmul: input {dims:?} does not end in {}", self.k),
+        }
+        let m = x.len() / self.k;
+        let mut out = vec![0f32; m * self.n];
+        matmul(self.kernel, &self.tiles, self.n, self.k, x, &mut out)?;
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+}
+
+/// ggml's 6-bit scale and min of sub-block `j` from a block's 12 scale bytes.
+fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Q4_K weight bytes (`n` rows of `k / 256` blocks) as tiles, `[n / 16][k / 256]`.
+fn pack(w: &[u8], n: usize, k: usize) -> Vec<Tile> {
+    let kb = k / QK_K;
+    let empty = Tile {
+        qs: [0; QK_K / 2 * TILE_N],
+        d: [0; TILE_N],
+        dmin: [0; TILE_N],
+        sc: [[0; TILE_N]; 8],
+        mn: [[0; TILE_N]; 8],
+    };
+    let mut tiles = vec![empty; n / TILE_N * kb];
+    let ptr = SharedMut(tiles.as_mut_ptr());
+    par_chunks(tiles.len(), tiles.len() * 64, |range| {
+        for t in range {
+            // SAFETY: each index is packed by one work item; `tiles` outlives the call.
+            let tile = unsafe { &mut *ptr.get().add(t) };
+            let (nt, b) = (t / kb, t % kb);
+            for r in 0..TILE_N {
+                let at = ((nt * TILE_N + r) * kb + b) * Q4K_BYTES;
+                let blk = &w[at..at + Q4K_BYTES];
+                tile.d[r] = u16::from_le_bytes([blk[0], blk[1]]);
+                tile.dmin[r] = u16::from_le_bytes([blk[2], blk[3]]);
+                for sub in 0..8 {
+                    (tile.sc[sub][r], tile.mn[sub][r]) = scale_min(sub, &blk[4..16]);
+                }
+                // 32-byte chunk c holds values c*64.. in its low nibbles, c*64+32.. in its
+                // high ones.
+                let qs = &blk[16..];
+                let val = |v: usize| {
+                    let byte = qs[v / 64 * 32 + v % 32];
+                    if v % 64 < 32 {
+                        byte & 0x0f
+                    } else {
+                        byte >> 4
+                    }
+                };
+                for g in 0..QK_K / 8 {
+                    for j in 0..4 {
+                        tile.qs[(g * TILE_N + r) * 4 + j] =
+                            val(8 * g + j) | (val(8 * g + j + 4) << 4);
+                    }
+                }
+            }
+        }
+    });
+    tiles
+}
+
+fn as_bytes(b: &[BlockQ8K]) -> &[u8] {
+    // SAFETY: `BlockQ8K` is `repr(C)`, 292 bytes without padding (asserted above), and
+    // every block was initialised (zeroed, then written by `from_float`).
+    unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, std::mem::size_of_val(b)) }
+}
+
+/// `out[m, n] = x[m, k] @ w^T` for a Q4_K weight packed as `tiles`.
+fn matmul(
+    kernel: Kernel,
+    tiles: &[Tile],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> candle_core::Result<()> {
+    if k == 0 || !k.is_multiple_of(QK_K) || !n.is_multiple_of(TILE_N) {
+        candle_core::bail!("q4_k matmul: [{n}, {k}] is not made of 16 x 256 tiles");
+    }
+    let kb = k / QK_K;
+    let m = x.len() / k;
+    if tiles.len() != n / TILE_N * kb || x.len() != m * k || out.len() != m * n {
+        candle_core::bail!("q4_k matmul: sizes do not match for [{n}, {k}]");
+    }
+    if !kernel.available() {
+        candle_core::bail!("q4_k matmul: this CPU cannot run the {kernel:?} kernel");
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    // Activations as candle quantizes them (`BlockQ8K::from_float`, row by row).
+    let mut lhs = vec![BlockQ8K::zeros(); m * kb];
+    let lp = SharedMut(lhs.as_mut_ptr());
+    par_chunks(m, if m > 1 { m * kb * 8 } else { 0 }, |rows| {
+        for r in rows {
+            // SAFETY: row r owns blocks r*kb..(r+1)*kb; `lhs` outlives the call.
+            let dst = unsafe { std::slice::from_raw_parts_mut(lp.get().add(r * kb), kb) };
+            BlockQ8K::from_float(&x[r * k..(r + 1) * k], dst);
+        }
+    });
+    let lhs = as_bytes(&lhs);
+    let row_bytes = kb * Q8K_BYTES;
+    let m_units = m.div_ceil(MT);
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    // Items are tile-row major, like candle's: a worker walking a range streams the weights
+    // once per group of MT activation rows.
+    par_chunks(n / TILE_N * m_units, m * n * kb * 8, |units| {
+        for unit in units {
+            let (nt, m0) = (unit / m_units, (unit % m_units) * MT);
+            let mt = (m - m0).min(MT);
+            let acts: [&[u8]; MT] = std::array::from_fn(|i| {
+                let r = m0 + i.min(mt - 1);
+                &lhs[r * row_bytes..(r + 1) * row_bytes]
+            });
+            let res = dot_tiles(kernel, &tiles[nt * kb..(nt + 1) * kb], &acts[..mt]);
+            for (i, row) in res.iter().take(mt).enumerate() {
+                // SAFETY: the unit alone writes rows m0..m0+mt of columns nt*16..nt*16+16,
+                // and `out` outlives the call.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        row.as_ptr(),
+                        out_ptr.get().add((m0 + i) * n + nt * TILE_N),
+                        TILE_N,
+                    )
+                };
+            }
+        }
+    });
+    Ok(())
+}
+
+/// One row of tiles (16 weight rows, all of k) against up to [`MT`] activation rows.
+fn dot_tiles(kernel: Kernel, tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; MT] {
+    match kernel {
+        Kernel::Scalar => dot_scalar(tiles, acts),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `matmul` checked that the CPU runs the kernel; it checks the lengths.
+        Kernel::Avx512Vnni => unsafe {
+            match acts.len() {
+                1 => avx512::dot::<1>(tiles, acts),
+                2 => avx512::dot::<2>(tiles, acts),
+                3 => avx512::dot::<3>(tiles, acts),
+                _ => avx512::dot::<4>(tiles, acts),
+            }
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Kernel::Avx2 => unsafe {
+            tiles256(
+                avx2::dot::<1>,
+                avx2::dot::<2>,
+                avx2::dot::<3>,
+                avx2::dot::<4>,
+                tiles,
+                acts,
+            )
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Kernel::AvxVnni => unsafe {
+            tiles256(
+                avx_vnni::dot::<1>,
+                avx_vnni::dot::<2>,
+                avx_vnni::dot::<3>,
+                avx_vnni::dot::<4>,
+                tiles,
+                acts,
+            )
+        },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("only the scalar kernel is available off x86_64"),
+    }
+}
+
+/// A 256-bit kernel for 1..=4 activation rows.
+#[cfg(target_arch = "x86_64")]
+type Dot256 = unsafe fn(&[Tile], &[&[u8]]) -> [[f32; TILE_N]; MT];
+
+/// Dispatch on the activation row count.
+///
+/// # Safety
+/// The CPU must run the kernels.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles256(
+    d1: Dot256,
+    d2: Dot256,
+    d3: Dot256,
+    d4: Dot256,
+    tiles: &[Tile],
+    acts: &[&[u8]],
+) -> [[f32; TILE_N]; MT] {
+    match acts.len() {
+        1 => d1(tiles, acts),
+        2 => d2(tiles, acts),
+        3 => d3(tiles, acts),
+        _ => d4(tiles, acts),
+    }
+}
+
+#[inline]
+fn f32_at(b: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The sum of the 32 activations of sub-block `sub` of the Q8_K block `q`, as f32.
+#[inline]
+fn bsum(q: &[u8], sub: usize) -> f32 {
+    let at = Q8K_BSUMS + 4 * sub;
+    (i16::from_le_bytes([q[at], q[at + 1]]) as i32
+        + i16::from_le_bytes([q[at + 2], q[at + 3]]) as i32) as f32
+}
+
+/// candle's arithmetic, one output at a time.
+fn dot_scalar(tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; MT] {
+    let mut out = [[0f32; TILE_N]; MT];
+    for (act, out) in acts.iter().zip(&mut out) {
+        for (r, acc) in out.iter_mut().enumerate() {
+            for (b, tile) in tiles.iter().enumerate() {
+                let q = &act[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
+                let d = half::f16::from_bits(tile.d[r]).to_f32();
+                let dmin = half::f16::from_bits(tile.dmin[r]).to_f32();
+                let dall = f32_at(q, 0);
+                for sub in 0..8 {
+                    let mut isum = 0i32;
+                    for v in sub * 32..(sub + 1) * 32 {
+                        let byte = tile.qs[((v / 8) * TILE_N + r) * 4 + v % 4];
+                        let w = if v % 8 < 4 { byte & 0x0f } else { byte >> 4 };
+                        isum += w as i32 * q[4 + v] as i8 as i32;
+                    }
+                    let scale = d * tile.sc[sub][r] as f32;
+                    let min = dmin * tile.mn[sub][r] as f32;
+                    *acc = (isum as f32).mul_add(scale * dall, *acc);
+                    *acc = (-min).mul_add(dall * bsum(q, sub), *acc);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+#[cfg(target_arch = "x86_64")]
+use x86::{avx2, avx512, avx_vnni};
+
+#[cfg(test)]
+mod tests;

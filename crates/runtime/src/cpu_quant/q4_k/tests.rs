@@ -1,0 +1,172 @@
+use super::*;
+use candle_core::{Device, Module};
+
+/// Deterministic pseudo-random values in about -1..1 (xorshift).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn q4k_weight(n: usize, k: usize, seed: u64) -> QMatMul {
+    let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&w, GgmlDType::Q4K).unwrap();
+    QMatMul::from_arc(Arc::new(q)).unwrap()
+}
+
+fn kernels() -> Vec<Kernel> {
+    [
+        Kernel::Scalar,
+        Kernel::Avx2,
+        Kernel::AvxVnni,
+        Kernel::Avx512Vnni,
+    ]
+    .into_iter()
+    .filter(|k| k.available())
+    .collect()
+}
+
+fn run(w: &QMatMul, kernel: Kernel, x: &Tensor) -> Vec<f32> {
+    let q = Q4kMatmul::with_kernel(w, kernel).unwrap();
+    let y = x.contiguous().unwrap().apply_op1_no_bwd(&q).unwrap();
+    y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+fn candle(w: &QMatMul, x: &Tensor) -> Vec<f32> {
+    let y = w.forward(x).unwrap();
+    y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+#[test]
+fn matches_candle_qmatmul() {
+    if !candle_uses_tiles() {
+        return;
+    }
+    // The 1.5B's shapes, and a small one.
+    for (n, k) in [
+        (1536, 1536),
+        (8960, 1536),
+        (1536, 8960),
+        (256, 1536),
+        (32, 512),
+    ] {
+        let w = q4k_weight(n, k, (n * 31 + k) as u64);
+        for m in [1, 3, 17, 64] {
+            if cpu_has_amx() && m >= 32 {
+                continue;
+            }
+            let x = Tensor::from_vec(values(m * k, m as u64 + 7), (m, k), &Device::Cpu).unwrap();
+            let want = candle(&w, &x);
+            for kernel in kernels() {
+                // Bit for bit: same integer sums, same f32 steps in candle's order.
+                let got = run(&w, kernel, &x);
+                assert!(got == want, "{kernel:?} [{m}x{k}] x [{n}x{k}]^T differs");
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_values() {
+    if !candle_uses_tiles() {
+        return;
+    }
+    // Weights at the quantizer's ends and large activations of both signs.
+    let (n, k, m) = (16, 512, 5);
+    let wv: Vec<f32> = (0..n * k)
+        .map(|i| match i % 5 {
+            0 => -1.0,
+            1 => 1.0,
+            2 => 0.0,
+            _ => (i % 7) as f32 * 0.1,
+        })
+        .collect();
+    let w = Tensor::from_vec(wv, (n, k), &Device::Cpu).unwrap();
+    let w = QMatMul::from_arc(Arc::new(QTensor::quantize(&w, GgmlDType::Q4K).unwrap())).unwrap();
+    let xv: Vec<f32> = (0..m * k)
+        .map(|i| if i % 3 == 0 { 100.0 } else { -1.0 })
+        .collect();
+    let x = Tensor::from_vec(xv, (m, k), &Device::Cpu).unwrap();
+    let want = candle(&w, &x);
+    for kernel in kernels() {
+        assert!(run(&w, kernel, &x) == want, "{kernel:?}");
+    }
+}
+
+#[test]
+fn batched_input_and_fallbacks() {
+    let w = q4k_weight(32, 256, 9);
+    let Some(ours) = Q4kMatmul::with_kernel(&w, Kernel::Scalar) else {
+        assert!(!candle_uses_tiles());
+        return;
+    };
+    let x = Tensor::from_vec(values(2 * 3 * 256, 1), (2, 3, 256), &Device::Cpu).unwrap();
+    let got = ours.forward(&x).unwrap();
+    assert_eq!(got.dims(), &[2, 3, 32]);
+    let want = w.forward(&x).unwrap();
+    assert!(
+        got.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            == want.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    );
+    // A transposed (non-contiguous) input is made contiguous first.
+    let xt = Tensor::from_vec(values(256 * 3, 2), (256, 3), &Device::Cpu)
+        .unwrap()
+        .t()
+        .unwrap();
+    assert_eq!(ours.forward(&xt).unwrap().dims(), &[3, 32]);
+    // Wrong inner size is an error, not a panic.
+    let bad = Tensor::zeros((2, 255), DType::F32, &Device::Cpu).unwrap();
+    assert!(ours.forward(&bad).is_err());
+    // Other types and shapes candle does not tile stay with candle.
+    let q8 = Tensor::from_vec(values(32 * 256, 4), (32, 256), &Device::Cpu).unwrap();
+    let q8 = QMatMul::from_arc(Arc::new(QTensor::quantize(&q8, GgmlDType::Q8_0).unwrap())).unwrap();
+    assert!(Q4kMatmul::with_kernel(&q8, Kernel::Scalar).is_none());
+    assert!(Q4kMatmul::with_kernel(&q4k_weight(24, 256, 3), Kernel::Scalar).is_none());
+}
+
+/// CPU time of the calling thread in ms (`/proc/thread-self/schedstat`), 0 if unknown.
+fn thread_cpu_ms() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |ns| ns / 1e6)
+}
+
+/// `cargo test --release -p tokenrouter-runtime cpu_quant::q4_k::tests::speed -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn speed() {
+    for (n, k) in [(8960, 1536), (1536, 8960)] {
+        let w = q4k_weight(n, k, 1);
+        for m in [1, 4, 64, 512] {
+            let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
+            let reps = (2048 / m).max(8);
+            let time = |f: &dyn Fn() -> Tensor| {
+                f();
+                let cpu = thread_cpu_ms();
+                let wall = (0..reps)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        f();
+                        t.elapsed().as_secs_f64() * 1e3
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                (wall, (thread_cpu_ms() - cpu) / reps as f64)
+            };
+            let (c, cc) = time(&|| w.forward(&x).unwrap());
+            let mut line = format!("m={m:4} [{n}x{k}]: candle {c:.3} ms (cpu {cc:.3})");
+            for kernel in kernels().into_iter().skip(1) {
+                let ours = Q4kMatmul::with_kernel(&w, kernel).unwrap();
+                let (o, oc) = time(&|| ours.forward(&x).unwrap());
+                line += &format!(", {kernel:?} {o:.3} (cpu {oc:.3})");
+            }
+            println!("{line}");
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The x86 Q4_K kernels: 512-bit (AVX512-VNNI) and 256-bit (AVX-VNNI, AVX2), each with
+//! candle's per-lane arithmetic.
+
+use super::{Tile, MT, PREFETCH_TILES, Q8K_BSUMS, Q8K_BYTES, TILE_BYTES, TILE_N};
+
+pub(super) mod avx512 {
+    use super::{Tile, MT, PREFETCH_TILES, Q8K_BSUMS, Q8K_BYTES, TILE_BYTES, TILE_N};
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn bcast4(q: *const u8, off: usize) -> __m512i {
+        _mm512_set1_epi32(std::ptr::read_unaligned(q.add(off) as *const i32))
+    }
+
+    #[inline(always)]
+    unsafe fn widen(p: &[u8; TILE_N]) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+            p.as_ptr() as *const __m128i
+        )))
+    }
+
+    #[inline(always)]
+    unsafe fn bsum(q: *const u8, sub: usize) -> f32 {
+        let p = q.add(Q8K_BSUMS + 4 * sub) as *const i16;
+        (std::ptr::read_unaligned(p) as i32 + std::ptr::read_unaligned(p.add(1)) as i32) as f32
+    }
+
+    /// `tiles` (16 weight rows) against the `M` activation rows `acts` (Q8_K blocks).
+    ///
+    /// # Safety
+    /// The CPU must support AVX512F, AVX512BW and AVX512-VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(in crate::cpu_quant::q4_k) unsafe fn dot<const M: usize>(
+        tiles: &[Tile],
+        acts: &[&[u8]],
+    ) -> [[f32; TILE_N]; MT] {
+        let kb = tiles.len();
+        // Real checks: the loops read kb blocks of every row through raw pointers.
+        assert!(acts.len() == M && M <= MT);
+        for a in acts {
+            assert!(a.len() == kb * Q8K_BYTES);
+        }
+        let mask = _mm512_set1_epi8(0x0f);
+        let mut acc = [_mm512_setzero_ps(); M];
+        for (b, tile) in tiles.iter().enumerate() {
+            let ahead =
+                (tile as *const Tile as *const u8).wrapping_add(PREFETCH_TILES * TILE_BYTES);
+            let q: [*const u8; M] = std::array::from_fn(|i| acts[i].as_ptr().add(b * Q8K_BYTES));
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(tile.d.as_ptr() as *const __m256i));
+            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(tile.dmin.as_ptr() as *const __m256i));
+            let qs = tile.qs.as_ptr();
+            // Sub-blocks in pairs, with independent integer sums (as candle).
+            for sub2 in 0..4 {
+                for line in sub2 * 10..(sub2 * 10 + 10).min(TILE_BYTES / 64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+                }
+                let (sa, sb) = (2 * sub2, 2 * sub2 + 1);
+                let mut isum_a = [_mm512_setzero_si512(); M];
+                let mut isum_b = [_mm512_setzero_si512(); M];
+                for g4 in 0..4 {
+                    let (ga, gb) = (sa * 4 + g4, sb * 4 + g4);
+                    let wa = _mm512_loadu_si512(qs.add(ga * TILE_N * 4) as *const _);
+                    let wb = _mm512_loadu_si512(qs.add(gb * TILE_N * 4) as *const _);
+                    let lo_a = _mm512_and_si512(wa, mask);
+                    let hi_a = _mm512_and_si512(_mm512_srli_epi16(wa, 4), mask);
+                    let lo_b = _mm512_and_si512(wb, mask);
+                    let hi_b = _mm512_and_si512(_mm512_srli_epi16(wb, 4), mask);
+                    for i in 0..M {
+                        let y = q[i].add(4);
+                        isum_a[i] = _mm512_dpbusd_epi32(isum_a[i], lo_a, bcast4(y, ga * 8));
+                        isum_a[i] = _mm512_dpbusd_epi32(isum_a[i], hi_a, bcast4(y, ga * 8 + 4));
+                        isum_b[i] = _mm512_dpbusd_epi32(isum_b[i], lo_b, bcast4(y, gb * 8));
+                        isum_b[i] = _mm512_dpbusd_epi32(isum_b[i], hi_b, bcast4(y, gb * 8 + 4));
+                    }
+                }
+                for (sub, isum) in [(sa, &isum_a), (sb, &isum_b)] {
+                    // d * sc and dmin * m are exact in f32: candle's pre-multiplied values.
+                    let scale = _mm512_mul_ps(widen(&tile.sc[sub]), d);
+                    let min = _mm512_mul_ps(widen(&tile.mn[sub]), dmin);
+                    for i in 0..M {
+                        let dall = std::ptr::read_unaligned(q[i] as *const f32);
+                        let f = _mm512_cvtepi32_ps(isum[i]);
+                        acc[i] =
+                            _mm512_fmadd_ps(f, _mm512_mul_ps(scale, _mm512_set1_ps(dall)), acc[i]);
+                        acc[i] =
+                            _mm512_fnmadd_ps(min, _mm512_set1_ps(dall * bsum(q[i], sub)), acc[i]);
+                    }
+                }
+            }
+        }
+        let mut out = [[0f32; TILE_N]; MT];
+        for i in 0..M {
+            _mm512_storeu_ps(out[i].as_mut_ptr(), acc[i]);
+        }
+        out
+    }
+}
+
+/// The 256-bit kernels: each 16-row tile as two halves of eight rows. `$dot(acc, w, y)` adds
+/// the dot products of each 4 unsigned bytes of `w` with the signed bytes of `y` to `acc`.
+macro_rules! kernels256 {
+    ($module:ident, $features:literal, $dot:expr) => {
+        pub(super) mod $module {
+            use super::{Tile, MT, PREFETCH_TILES, Q8K_BSUMS, Q8K_BYTES, TILE_BYTES, TILE_N};
+            use std::arch::x86_64::*;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn bcast4(q: *const u8, off: usize) -> __m256i {
+                _mm256_set1_epi32(std::ptr::read_unaligned(q.add(off) as *const i32))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn widen(p: *const u8) -> __m256 {
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dp(acc: __m256i, w: __m256i, y: __m256i) -> __m256i {
+                #[allow(clippy::redundant_closure_call)]
+                ($dot)(acc, w, y)
+            }
+
+            /// `tiles` (16 weight rows) against the `M` activation rows `acts`.
+            ///
+            /// # Safety
+            /// The CPU must support `$features`.
+            #[target_feature(enable = $features)]
+            pub(in crate::cpu_quant::q4_k) unsafe fn dot<const M: usize>(
+                tiles: &[Tile],
+                acts: &[&[u8]],
+            ) -> [[f32; TILE_N]; MT] {
+                let kb = tiles.len();
+                // Real checks: the loops read kb blocks of every row through raw pointers.
+                assert!(acts.len() == M && M <= MT);
+                for a in acts {
+                    assert!(a.len() == kb * Q8K_BYTES);
+                }
+                let mask = _mm256_set1_epi8(0x0f);
+                let mut acc = [[_mm256_setzero_ps(); 2]; M];
+                for (b, tile) in tiles.iter().enumerate() {
+                    let ahead = (tile as *const Tile as *const u8)
+                        .wrapping_add(PREFETCH_TILES * TILE_BYTES);
+                    let q: [*const u8; M] =
+                        std::array::from_fn(|i| acts[i].as_ptr().add(b * Q8K_BYTES));
+                    let qs = tile.qs.as_ptr();
+                    for sub in 0..8 {
+                        for line in (sub * 5..sub * 5 + 5).take_while(|l| *l < TILE_BYTES / 64) {
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+                        }
+                        let mut isum = [[_mm256_setzero_si256(); 2]; M];
+                        for g4 in 0..4 {
+                            let g = sub * 4 + g4;
+                            for h in 0..2 {
+                                let w = _mm256_loadu_si256(
+                                    qs.add(g * TILE_N * 4 + h * 32) as *const __m256i
+                                );
+                                let lo = _mm256_and_si256(w, mask);
+                                let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+                                for i in 0..M {
+                                    let y = q[i].add(4);
+                                    isum[i][h] = dp(isum[i][h], lo, bcast4(y, g * 8));
+                                    isum[i][h] = dp(isum[i][h], hi, bcast4(y, g * 8 + 4));
+                                }
+                            }
+                        }
+                        for h in 0..2 {
+                            let d = _mm256_cvtph_ps(_mm_loadu_si128(
+                                tile.d.as_ptr().add(8 * h) as *const __m128i
+                            ));
+                            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(
+                                tile.dmin.as_ptr().add(8 * h) as *const __m128i,
+                            ));
+                            // Exact products, candle's pre-multiplied scales and mins.
+                            let scale = _mm256_mul_ps(widen(tile.sc[sub].as_ptr().add(8 * h)), d);
+                            let min = _mm256_mul_ps(widen(tile.mn[sub].as_ptr().add(8 * h)), dmin);
+                            for i in 0..M {
+                                let dall = std::ptr::read_unaligned(q[i] as *const f32);
+                                let p = q[i].add(Q8K_BSUMS + 4 * sub) as *const i16;
+                                let bsum = (std::ptr::read_unaligned(p) as i32
+                                    + std::ptr::read_unaligned(p.add(1)) as i32)
+                                    as f32;
+                                let f = _mm256_cvtepi32_ps(isum[i][h]);
+                                acc[i][h] = _mm256_fmadd_ps(
+                                    f,
+                                    _mm256_mul_ps(scale, _mm256_set1_ps(dall)),
+                                    acc[i][h],
+                                );
+                                acc[i][h] =
+                                    _mm256_fnmadd_ps(min, _mm256_set1_ps(dall * bsum), acc[i][h]);
+                            }
+                        }
+                    }
+                }
+                let mut out = [[0f32; TILE_N]; MT];
+                for i in 0..M {
+                    _mm256_storeu_ps(out[i].as_mut_ptr(), acc[i][0]);
+                    _mm256_storeu_ps(out[i].as_mut_ptr().add(8), acc[i][1]);
+                }
+                out
+            }
+        }
+    };
+}
+
+// u4 x i8 pairs (<= 3840) stay inside maddubs' i16.
+kernels256!(avx2, "avx2,fma,f16c", |acc, w, y| _mm256_add_epi32(
+    acc,
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), _mm256_set1_epi16(1))
+));
+kernels256!(avx_vnni, "avx2,fma,f16c,avxvnni", |acc, w, y| {
+    _mm256_dpbusd_avx_epi32(acc, w, y)
+});

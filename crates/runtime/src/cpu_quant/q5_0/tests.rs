@@ -1,0 +1,215 @@
+use super::*;
+use candle_core::{Device, Module};
+
+/// Deterministic pseudo-random values in about -1..1 (xorshift).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn q5_weight(n: usize, k: usize, seed: u64) -> QMatMul {
+    let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&w, GgmlDType::Q5_0).unwrap();
+    QMatMul::from_arc(Arc::new(q)).unwrap()
+}
+
+/// max |a - b| over max |b|.
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |s, v| s.max(v.abs()));
+    let diff = a.iter().zip(b).fold(0f32, |s, (x, y)| s.max((x - y).abs()));
+    diff / scale
+}
+
+fn kernels() -> Vec<Kernel> {
+    [
+        Kernel::Scalar,
+        Kernel::Avx2,
+        Kernel::AvxVnni,
+        Kernel::Avx512Vnni,
+    ]
+    .into_iter()
+    .filter(|k| k.available())
+    .collect()
+}
+
+fn run(w: &QMatMul, kernel: Kernel, x: &Tensor) -> Vec<f32> {
+    let q = Q5Matmul::with_kernel(w, kernel).unwrap();
+    let y = q.forward(x).unwrap();
+    y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+fn candle(w: &QMatMul, x: &Tensor) -> Vec<f32> {
+    let y = w.forward(x).unwrap();
+    y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+#[test]
+fn matches_candle_qmatmul() {
+    for (n, k) in [(896, 896), (4864, 896), (896, 4864), (40, 64)] {
+        let w = q5_weight(n, k, (n * 31 + k) as u64);
+        for m in [1, 3, 17, 64] {
+            let x = Tensor::from_vec(values(m * k, m as u64 + 7), (m, k), &Device::Cpu).unwrap();
+            let want = candle(&w, &x);
+            for kernel in kernels() {
+                let got = run(&w, kernel, &x);
+                let d = rel_diff(&got, &want);
+                assert!(
+                    d <= 1e-5,
+                    "{kernel:?} [{m}x{k}] x [{n}x{k}]^T: rel diff {d}"
+                );
+                // In fact bit for bit: same integer sums, same f32 steps in candle's order.
+                assert!(got == want, "{kernel:?} [{m}x{k}] x [{n}x{k}]^T differs");
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_matches_scalar() {
+    // Row counts cover every tile shape (full, padded, single row) and weight row counts
+    // that are not multiples of the eight-row group.
+    for (n, k, m) in [
+        (896, 896, 1),
+        (130, 4864, 7),
+        (896, 96, 64),
+        (8, 32, 2),
+        (33, 128, 13),
+        (17, 64, 9),
+        (3, 64, 1),
+    ] {
+        let w = q5_weight(n, k, 5 + n as u64);
+        let x = Tensor::from_vec(values(m * k, 13), (m, k), &Device::Cpu).unwrap();
+        let scalar = run(&w, Kernel::Scalar, &x);
+        assert!(scalar == candle(&w, &x));
+        for kernel in kernels().into_iter().skip(1) {
+            let got = run(&w, kernel, &x);
+            let d = rel_diff(&got, &scalar);
+            assert!(
+                d <= 1e-5,
+                "{kernel:?} [{m}x{k}] x [{n}x{k}]^T: rel diff {d}"
+            );
+            assert!(got == scalar, "{kernel:?} [{m}x{k}] x [{n}x{k}]^T differs");
+        }
+    }
+}
+
+#[test]
+fn extreme_values_decode_exactly() {
+    // Blocks at the quantizers' ends (weights -16 and 15, activations +-127): the
+    // integer dots must not saturate anywhere.
+    let (n, k, m) = (9, 64, 3);
+    let wv: Vec<f32> = (0..n * k)
+        .map(|i| if i % 3 == 0 { -1.0 } else { 0.93 })
+        .collect();
+    let w = Tensor::from_vec(wv, (n, k), &Device::Cpu).unwrap();
+    let w = QTensor::quantize(&w, GgmlDType::Q5_0).unwrap();
+    let w = QMatMul::from_arc(Arc::new(w)).unwrap();
+    let xv: Vec<f32> = (0..m * k)
+        .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
+        .collect();
+    let x = Tensor::from_vec(xv, (m, k), &Device::Cpu).unwrap();
+    let want = candle(&w, &x);
+    for kernel in kernels() {
+        let got = run(&w, kernel, &x);
+        assert!(got == want, "{kernel:?}: {got:?} vs {want:?}");
+    }
+}
+
+#[test]
+fn batched_input_and_other_dtypes() {
+    let w = q5_weight(16, 64, 9);
+    let ours = Q5Matmul::new(&w).unwrap();
+    let x = Tensor::from_vec(values(2 * 3 * 64, 1), (2, 3, 64), &Device::Cpu).unwrap();
+    let got = ours.forward(&x).unwrap();
+    assert_eq!(got.dims(), &[2, 3, 16]);
+    let want = w.forward(&x).unwrap();
+    let d = rel_diff(
+        &got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        &want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+    );
+    assert!(d <= 1e-5);
+    // A transposed (non-contiguous) input is made contiguous first.
+    let xt = Tensor::from_vec(values(64 * 3, 2), (64, 3), &Device::Cpu)
+        .unwrap()
+        .t()
+        .unwrap();
+    assert_eq!(ours.forward(&xt).unwrap().dims(), &[3, 16]);
+    // Wrong inner size is an error, not a panic.
+    let bad = Tensor::zeros((2, 63), DType::F32, &Device::Cpu).unwrap();
+    assert!(ours.forward(&bad).is_err());
+}
+
+#[test]
+fn only_q5_0_cpu_weights_are_taken() {
+    let w = Tensor::from_vec(values(32 * 64, 4), (32, 64), &Device::Cpu).unwrap();
+    let q8 = QMatMul::from_arc(Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap())).unwrap();
+    assert!(Q5Matmul::with_kernel(&q8, Kernel::Scalar).is_none());
+    assert!(Q5Matmul::with_kernel(&QMatMul::Tensor(w), Kernel::Scalar).is_none());
+}
+
+#[test]
+fn bad_sizes_are_errors() {
+    let mut out = vec![0f32; 4];
+    assert!(matmul(Kernel::Scalar, &[0u8; 22], 1, 33, &[0f32; 33], &mut out).is_err());
+    assert!(matmul(
+        Kernel::Scalar,
+        &[0u8; 21],
+        1,
+        32,
+        &[0f32; 32],
+        &mut out[..1]
+    )
+    .is_err());
+    assert!(matmul(Kernel::Scalar, &[0u8; 22], 1, 32, &[0f32; 32], &mut out).is_err());
+}
+
+/// CPU time of the calling thread in ms (`/proc/thread-self/schedstat`), 0 if unknown.
+fn thread_cpu_ms() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |ns| ns / 1e6)
+}
+
+/// `cargo test --release -p tokenrouter-runtime cpu_quant::q5_0::tests::speed -- --ignored --nocapture`
+/// (with `RAYON_NUM_THREADS=1` the CPU-time column is the kernel's cost on one core,
+/// whatever else runs on the machine).
+#[test]
+#[ignore]
+fn speed() {
+    let (n, k) = (4864, 896);
+    let w = q5_weight(n, k, 1);
+    for m in [1, 16, 128, 512] {
+        let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
+        let reps = (4096 / m).max(8);
+        // Fastest wall time of several runs (the machine may be shared), and mean
+        // CPU time of this thread.
+        let time = |f: &dyn Fn() -> Tensor| {
+            let cpu = thread_cpu_ms();
+            let wall = (0..reps)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64() * 1e3
+                })
+                .fold(f64::INFINITY, f64::min);
+            (wall, (thread_cpu_ms() - cpu) / reps as f64)
+        };
+        let (c, cc) = time(&|| w.forward(&x).unwrap());
+        let mut line = format!("m={m:4} [{n}x{k}]: candle {c:.3} ms (cpu {cc:.3})");
+        for kernel in kernels() {
+            let ours = Q5Matmul::with_kernel(&w, kernel).unwrap();
+            let (o, oc) = time(&|| ours.forward(&x).unwrap());
+            line += &format!(", {kernel:?} {o:.3} (cpu {oc:.3})");
+        }
+        println!("{line}");
+    }
+}

@@ -1,0 +1,540 @@
+//! CPU matrix-vector product for Q6_K weights (single-row decode steps).
+//!
+//! For one activation row candle 0.11 multiplies Q6_K weights with its AVX2 `vec_dot_q6k_q8k`,
+//! one weight row at a time: in a decode profile of Qwen2.5-1.5B Q4_K_M (Q6_K output matrix
+//! and half of the `ffn_down` / `attn_v` matrices) that was half of the time. Ours reads eight
+//! weight rows side by side (512-bit integer steps, or candle's own 256-bit ones on AVX2-only
+//! CPUs) and prefetches the next eight, and keeps candle's arithmetic exactly: per row, eight
+//! i32 lanes (lane `l` sums positions `4l..4l + 4` of every 32-value chunk, scaled:
+//! `sc * (q - 32) * y`), then per block `acc = fma(d_x * d_w, lanes, acc)`, and candle's
+//! horizontal sum at the end.
+//!
+//! With several activation rows candle uses its repacked tiles instead (other rounding):
+//! those calls stay with candle.
+
+use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use std::sync::Arc;
+
+use super::{par_chunks, SharedMut};
+
+/// Values per super-block.
+const QK_K: usize = 256;
+/// Bytes of one Q6_K block: 128 of low nibbles, 64 of high bit pairs, 16 i8 scales, f16 d.
+const Q6K_BYTES: usize = 210;
+const Q6K_QH: usize = 128;
+const Q6K_SCALES: usize = 192;
+const Q6K_D: usize = 208;
+/// Bytes of one Q8_K block: f32 d, 256 i8, 16 i16 sums.
+const Q8K_BYTES: usize = 292;
+/// Weight rows per work item.
+const ROWS: usize = 8;
+
+const _: () = assert!(std::mem::size_of::<BlockQ8K>() == Q8K_BYTES);
+
+/// Which kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Portable loop with candle's arithmetic.
+    Scalar,
+    /// 256-bit kernel (AVX2 + FMA + F16C).
+    Avx2,
+    /// 512-bit kernel (AVX512F + BW + VNNI).
+    Avx512Vnni,
+}
+
+impl Kernel {
+    pub fn detect() -> Self {
+        [Kernel::Avx512Vnni, Kernel::Avx2]
+            .into_iter()
+            .find(|k| k.available())
+            .unwrap_or(Kernel::Scalar)
+    }
+
+    pub fn available(self) -> bool {
+        match self {
+            Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("fma")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Avx2 | Kernel::Avx512Vnni => false,
+        }
+    }
+}
+
+/// Whether candle's one-row Q6_K product is its AVX2 `vec_dot_q6k_q8k`, which ours
+/// reproduces.
+fn candle_uses_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A Q6_K weight `[n, k]` on the CPU; single activation rows run on our kernels.
+#[derive(Clone)]
+pub struct Q6kMatmul {
+    w: Arc<QTensor>,
+    n: usize,
+    k: usize,
+    kernel: Kernel,
+}
+
+impl std::fmt::Debug for Q6kMatmul {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Q6kMatmul([{}, {}], {:?})", self.n, self.k, self.kernel)
+    }
+}
+
+impl Q6kMatmul {
+    /// Takes over `w` when it is a Q6_K matrix on the CPU; `None` leaves it to candle.
+    /// `TOKENROUTER_CPU_QK=candle` turns this path off, `=scalar` forces the portable kernel.
+    /// Without a SIMD kernel for this CPU candle keeps the weight.
+    pub fn new(w: &QMatMul) -> Option<Self> {
+        let kernel = match std::env::var("TOKENROUTER_CPU_QK").as_deref() {
+            Ok("candle") => return None,
+            Ok("scalar") => Kernel::Scalar,
+            Ok("avx2") => Kernel::Avx2,
+            _ => match Kernel::detect() {
+                Kernel::Scalar => return None,
+                k => k,
+            },
+        };
+        Self::with_kernel(w, kernel)
+    }
+
+    /// As [`Q6kMatmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
+    pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
+        let QMatMul::QTensor(t) = w else {
+            return None;
+        };
+        if t.dtype() != GgmlDType::Q6K
+            || !t.device().is_cpu()
+            || !kernel.available()
+            || !candle_uses_avx2()
+        {
+            return None;
+        }
+        let (n, k) = t.shape().dims2().ok()?;
+        // candle runs column quads through `vec_dot_q6k_q8k`; its 1-3 column tail goes
+        // through other helpers, so only quads are ours.
+        if n == 0
+            || !n.is_multiple_of(4)
+            || k == 0
+            || !k.is_multiple_of(QK_K)
+            || t.storage_size_in_bytes() != n * k / QK_K * Q6K_BYTES
+        {
+            return None;
+        }
+        Some(Self {
+            w: t.clone(),
+            n,
+            k,
+            kernel,
+        })
+    }
+
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if x.dtype() != DType::F32 || !x.device().is_cpu() || x.elem_count() != self.k {
+            return x.apply_op1_no_bwd(self.w.as_ref());
+        }
+        x.contiguous()?.apply_op1_no_bwd(self)
+    }
+}
+
+impl CustomOp1 for Q6kMatmul {
+    fn name(&self) -> &'static str {
+        "q6_k-matvec"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("q6_k matvec: input is not contiguous {layout:?}");
+        };
+        let x = &storage.as_slice::<f32>()?[start..end];
+        let mut dims = layout.dims().to_vec();
+        match dims.last_mut() {
+            Some(last) if *last == self.k && x.len() == self.k => *last = self.n,
+            _ => candle_core::bail!("q6_k matvec: input {dims:?} is not one row of {}", self.k),
+        }
+        let data = self.w.data()?;
+        let mut out = vec![0f32; self.n];
+        matvec(self.kernel, &data, self.n, self.k, x, &mut out)?;
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+}
+
+fn as_bytes(b: &[BlockQ8K]) -> &[u8] {
+    // SAFETY: `BlockQ8K` is `repr(C)`, 292 bytes without padding (asserted above), and
+    // every block was initialised (zeroed, then written by `from_float`).
+    unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, std::mem::size_of_val(b)) }
+}
+
+/// `out[n] = w @ x` for Q6_K weight bytes `w` (`n` rows of `k / 256` blocks), `x` one row.
+fn matvec(
+    kernel: Kernel,
+    w: &[u8],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> candle_core::Result<()> {
+    if k == 0 || !k.is_multiple_of(QK_K) {
+        candle_core::bail!("q6_k matvec: k = {k} is not a positive multiple of {QK_K}");
+    }
+    let kb = k / QK_K;
+    if w.len() != n * kb * Q6K_BYTES || x.len() != k || out.len() != n {
+        candle_core::bail!("q6_k matvec: sizes do not match for [{n}, {k}]");
+    }
+    if !kernel.available() {
+        candle_core::bail!("q6_k matvec: this CPU cannot run the {kernel:?} kernel");
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let mut lhs = vec![BlockQ8K::zeros(); kb];
+    BlockQ8K::from_float(x, &mut lhs);
+    let q = as_bytes(&lhs);
+    let row_bytes = kb * Q6K_BYTES;
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    par_chunks(n.div_ceil(ROWS), n * kb * 8, |groups| {
+        for g in groups {
+            let rows = g * ROWS..n.min((g + 1) * ROWS);
+            // A short last group repeats its last row (results dropped).
+            let ws: [&[u8]; ROWS] = std::array::from_fn(|i| {
+                let r = (rows.start + i).min(rows.end - 1);
+                &w[r * row_bytes..(r + 1) * row_bytes]
+            });
+            let dots = match kernel {
+                Kernel::Scalar => ws.map(|w| dot_scalar(w, q)),
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `matvec` checked that the CPU runs the kernel; it checks lengths.
+                Kernel::Avx512Vnni => unsafe { avx512::dot(&ws, q) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                Kernel::Avx2 => unsafe { avx2::dot(&ws, q) },
+                #[cfg(not(target_arch = "x86_64"))]
+                Kernel::Avx2 | Kernel::Avx512Vnni => {
+                    unreachable!("only the scalar kernel runs off x86_64")
+                }
+            };
+            for (r, d) in rows.zip(dots) {
+                // SAFETY: rows belong to one group each; `out` outlives the call.
+                unsafe { *out_ptr.get().add(r) = d };
+            }
+        }
+    });
+    Ok(())
+}
+
+/// candle's `hsum_float_8`: `((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))`.
+fn hsum8(a: [f32; 8]) -> f32 {
+    let r: [f32; 4] = std::array::from_fn(|i| a[i + 4] + a[i]);
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// Value `v` (0..256) of a Q6_K block, 0..64 (the weight is this minus 32).
+fn q6_value(blk: &[u8], v: usize) -> i32 {
+    let (half, c, j) = (v / 128, (v % 128) / 32, v % 32);
+    let ql = blk[half * 64 + (c % 2) * 32 + j];
+    let ql = if c < 2 { ql & 0x0f } else { ql >> 4 };
+    let qh = (blk[Q6K_QH + half * 32 + j] >> (2 * c)) & 3;
+    (ql | (qh << 4)) as i32
+}
+
+/// One weight row against the Q8_K blocks `q`, candle's lanes and order.
+fn dot_scalar(w: &[u8], q: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (blk, y) in w.chunks_exact(Q6K_BYTES).zip(q.chunks_exact(Q8K_BYTES)) {
+        let dw = half::f16::from_bits(u16::from_le_bytes([blk[Q6K_D], blk[Q6K_D + 1]])).to_f32();
+        let dy = f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
+        let d = dy * dw;
+        let mut lanes = [0i32; 8];
+        for v in 0..QK_K {
+            let sc = blk[Q6K_SCALES + v / 16] as i8 as i32;
+            lanes[(v % 32) / 4] += sc * (q6_value(blk, v) - 32) * (y[4 + v] as i8 as i32);
+        }
+        for (a, &s) in acc.iter_mut().zip(&lanes) {
+            *a = d.mul_add(s as f32, *a);
+        }
+    }
+    hsum8(acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
+    use std::arch::x86_64::*;
+
+    /// Eight weight rows against the Q8_K blocks `q`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX512F, AVX512BW, AVX512-VNNI and FMA.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+    pub(super) unsafe fn dot(ws: &[&[u8]; ROWS], q: &[u8]) -> [f32; ROWS] {
+        let kb = q.len() / Q8K_BYTES;
+        // Real checks: the loops read kb blocks of every row through raw pointers.
+        assert!(q.len() == kb * Q8K_BYTES);
+        for w in ws {
+            assert!(w.len() == kb * Q6K_BYTES);
+        }
+        let wp = ws.map(|w| w.as_ptr());
+        // The next eight rows follow these in memory: fetch them at the pace these are read.
+        let ahead = wp[0].wrapping_add(ROWS * kb * Q6K_BYTES);
+        let m4 = _mm512_set1_epi8(0x0f);
+        let m30 = _mm512_set1_epi8(0x30);
+        let m32 = _mm512_set1_epi8(32);
+        // Bit pairs 0-1 / 2-3 of qh (chunks 4j, 4j+1) to bits 4-5: shift left by 4 / 2;
+        // pairs 4-5 / 6-7 (chunks 4j+2, 4j+3): right by 0 / 2. (16-bit shifts; the mask
+        // drops what crosses bytes.)
+        let shl = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
+        let shr = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        for b in 0..kb {
+            let pre = ahead.wrapping_add(b * ROWS * Q6K_BYTES);
+            for line in 0..(ROWS * Q6K_BYTES).div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(pre.wrapping_add(64 * line) as *const i8);
+            }
+            let y = q.as_ptr().add(b * Q8K_BYTES);
+            let dy = std::ptr::read_unaligned(y as *const f32);
+            // 64 activations per chunk pair p (values 64p..64p+64), and 32 times the sum of
+            // each 4 of them (the weights are stored plus 32).
+            let yv: [__m512i; 4] =
+                std::array::from_fn(|p| _mm512_loadu_si512(y.add(4 + 64 * p) as *const _));
+            let corr = yv.map(|v| _mm512_dpbusd_epi32(_mm512_setzero_si512(), m32, v));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let blk = wp[r].add(b * Q6K_BYTES);
+                let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
+                let mut sumi = _mm512_setzero_si512();
+                for j in 0..2 {
+                    let ql = _mm512_loadu_si512(blk.add(64 * j) as *const _);
+                    let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        blk.add(Q6K_QH + 32 * j) as *const __m256i
+                    ));
+                    let h_lo = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
+                    let h_hi = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
+                    let q_lo = _mm512_or_si512(_mm512_and_si512(ql, m4), h_lo);
+                    let q_hi =
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h_hi);
+                    for (p, qv) in [(2 * j, q_lo), (2 * j + 1, q_hi)] {
+                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv, yv[p]);
+                        // Lanes 4i..4i+4 take scale 4p + i.
+                        let sc = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(
+                            scales,
+                            _mm_add_epi8(
+                                _mm_set1_epi8(4 * p as i8),
+                                _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                            ),
+                        ));
+                        let v = _mm512_mullo_epi32(_mm512_sub_epi32(dot, corr[p]), sc);
+                        sumi = _mm512_add_epi32(sumi, v);
+                    }
+                }
+                // Lane l of the two 256-bit halves: positions 4l.. of even / odd chunks.
+                let s8 = _mm256_add_epi32(
+                    _mm512_castsi512_si256(sumi),
+                    _mm512_extracti64x4_epi64::<1>(sumi),
+                );
+                let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(
+                    blk.add(Q6K_D) as *const i16,
+                ))));
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * dw), _mm256_cvtepi32_ps(s8), *acc);
+            }
+        }
+        acc.map(|a| super::hsum8(std::mem::transmute::<__m256, [f32; 8]>(a)))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
+    use std::arch::x86_64::*;
+
+    /// Eight weight rows against the Q8_K blocks `q`, with candle's own integer steps
+    /// (`maddubs` of the stored values and of 32, difference, `madd` with the scales).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot(ws: &[&[u8]; ROWS], q: &[u8]) -> [f32; ROWS] {
+        let kb = q.len() / Q8K_BYTES;
+        // Real checks: the loops read kb blocks of every row through raw pointers.
+        assert!(q.len() == kb * Q8K_BYTES);
+        for w in ws {
+            assert!(w.len() == kb * Q6K_BYTES);
+        }
+        let wp = ws.map(|w| w.as_ptr());
+        let ahead = wp[0].wrapping_add(ROWS * kb * Q6K_BYTES);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m30 = _mm256_set1_epi8(0x30);
+        let m32 = _mm256_set1_epi8(32);
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        for b in 0..kb {
+            let pre = ahead.wrapping_add(b * ROWS * Q6K_BYTES);
+            for line in 0..(ROWS * Q6K_BYTES).div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(pre.wrapping_add(64 * line) as *const i8);
+            }
+            let y = q.as_ptr().add(b * Q8K_BYTES);
+            let dy = std::ptr::read_unaligned(y as *const f32);
+            // Chunk c: activations 32c..32c+32, and 32 times each of their pairs' sums.
+            let yv: [__m256i; 8] =
+                std::array::from_fn(|c| _mm256_loadu_si256(y.add(4 + 32 * c) as *const _));
+            let ys = yv.map(|v| _mm256_maddubs_epi16(m32, v));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let blk = wp[r].add(b * Q6K_BYTES);
+                let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..2 {
+                    let ql0 = _mm256_loadu_si256(blk.add(64 * j) as *const _);
+                    let ql1 = _mm256_loadu_si256(blk.add(64 * j + 32) as *const _);
+                    let qh = _mm256_loadu_si256(blk.add(Q6K_QH + 32 * j) as *const _);
+                    let vals = [
+                        (ql0, _mm256_slli_epi16(qh, 4)),
+                        (ql1, _mm256_slli_epi16(qh, 2)),
+                        (_mm256_srli_epi16(ql0, 4), qh),
+                        (_mm256_srli_epi16(ql1, 4), _mm256_srli_epi16(qh, 2)),
+                    ];
+                    for (i, (lo, hi)) in vals.into_iter().enumerate() {
+                        let c = 4 * j + i;
+                        let v =
+                            _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30));
+                        let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(v, yv[c]), ys[c]);
+                        // Values 16i.. of the chunk take scale 2c + i.
+                        let sc = _mm_shuffle_epi8(
+                            scales,
+                            _mm_add_epi8(
+                                _mm_set1_epi8(2 * c as i8),
+                                _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                            ),
+                        );
+                        let p = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc), p16);
+                        sumi = _mm256_add_epi32(sumi, p);
+                    }
+                }
+                let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(
+                    blk.add(Q6K_D) as *const i16,
+                ))));
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * dw), _mm256_cvtepi32_ps(sumi), *acc);
+            }
+        }
+        acc.map(|a| super::hsum8(std::mem::transmute::<__m256, [f32; 8]>(a)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Module};
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn q6k_weight(n: usize, k: usize, seed: u64) -> QMatMul {
+        let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q6K).unwrap();
+        QMatMul::from_arc(Arc::new(q)).unwrap()
+    }
+
+    fn kernels() -> Vec<Kernel> {
+        [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni]
+            .into_iter()
+            .filter(|k| k.available())
+            .collect()
+    }
+
+    fn flat(t: Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    #[test]
+    fn matches_candle_qmatmul() {
+        if !candle_uses_avx2() {
+            return;
+        }
+        for (n, k) in [
+            (1536, 1536),
+            (256, 1536),
+            (1536, 8960),
+            (8960, 1536),
+            (12, 512),
+        ] {
+            let w = q6k_weight(n, k, (n * 17 + k) as u64);
+            let x = Tensor::from_vec(values(k, n as u64), (1, k), &Device::Cpu).unwrap();
+            let want = flat(w.forward(&x).unwrap());
+            for kernel in kernels() {
+                let q = Q6kMatmul::with_kernel(&w, kernel).unwrap();
+                let got = flat(q.forward(&x).unwrap());
+                assert!(got == want, "{kernel:?} [1x{k}] x [{n}x{k}]^T differs");
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_values_and_fallbacks() {
+        if !candle_uses_avx2() {
+            return;
+        }
+        let (n, k) = (20, 512);
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| match i % 4 {
+                0 => -1.0,
+                1 => 1.0,
+                2 => 0.0,
+                _ => (i % 9) as f32 * -0.1,
+            })
+            .collect();
+        let w = Tensor::from_vec(wv, (n, k), &Device::Cpu).unwrap();
+        let w =
+            QMatMul::from_arc(Arc::new(QTensor::quantize(&w, GgmlDType::Q6K).unwrap())).unwrap();
+        let xv: Vec<f32> = (0..k)
+            .map(|i| if i % 3 == 0 { 50.0 } else { -1.0 })
+            .collect();
+        let x = Tensor::from_vec(xv, (1, 1, k), &Device::Cpu).unwrap();
+        let want = flat(w.forward(&x).unwrap());
+        for kernel in kernels() {
+            let q = Q6kMatmul::with_kernel(&w, kernel).unwrap();
+            let got = q.forward(&x).unwrap();
+            assert_eq!(got.dims(), &[1, 1, n]);
+            assert!(flat(got) == want, "{kernel:?}");
+            // Several rows go to candle's tiled path, unchanged.
+            let x3 = Tensor::from_vec(values(3 * k, 3), (3, k), &Device::Cpu).unwrap();
+            assert!(flat(q.forward(&x3).unwrap()) == flat(w.forward(&x3).unwrap()));
+        }
+        // Row counts that are not multiples of four stay with candle.
+        assert!(Q6kMatmul::with_kernel(&q6k_weight(6, 256, 1), Kernel::Scalar).is_none());
+    }
+}
