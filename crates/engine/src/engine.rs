@@ -385,7 +385,25 @@ impl Engine {
 
     fn load_and_run(&self) -> Result<(), EngineError> {
         let registry = Registry::default();
-        let loaded = load(&self.inner.config, self.inner.metrics.clone(), &registry)?;
+        let mut loaded = load(&self.inner.config, self.inner.metrics.clone(), &registry)?;
+        let any_auto = self.inner.config.models()?.iter().any(|m| {
+            matches!(
+                m.section.delayed_batching_threshold,
+                crate::config::Threshold::Auto(_)
+            )
+        });
+        let tune = any_auto && self.inner.config.system.execution == Execution::Async;
+        // Before serving, each model times its own decode steps by batch size so the tuner
+        // plans from a measured latency curve from the first request on.
+        let profiles: Vec<Vec<(usize, f64)>> = if tune {
+            loaded
+                .subs
+                .iter_mut()
+                .map(|s| s.profile_latency())
+                .collect()
+        } else {
+            Vec::new()
+        };
         let (tx, rx) = mpsc::channel::<ToExchange>();
         let alive = self.inner.alive.clone();
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<(), EngineError> {
@@ -422,18 +440,14 @@ impl Engine {
                 )?;
             }
         }
-        let any_auto = self.inner.config.models()?.iter().any(|m| {
-            matches!(
-                m.section.delayed_batching_threshold,
-                crate::config::Threshold::Auto(_)
-            )
-        });
-        if any_auto && self.inner.config.system.execution == Execution::Async {
+        if tune {
             let shared = loaded.shared.clone();
             let stop = self.inner.tuner_stop.clone();
             std::thread::Builder::new()
                 .name("tokenrouter-tuner".into())
-                .spawn(move || crate::tuner::run_tuner(shared, stop, Duration::from_millis(1000)))
+                .spawn(move || {
+                    crate::tuner::run_tuner(shared, profiles, stop, Duration::from_millis(1000))
+                })
                 .map_err(|e| EngineError::Start(e.to_string()))?;
         }
         let _ = self.inner.text.set(loaded.text);

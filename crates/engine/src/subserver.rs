@@ -8,6 +8,7 @@ use crate::config::Threshold;
 use crate::metrics::EngineMetrics;
 use crate::policy::{Decision, Needs, Policy, RowView, SendMode, StepView};
 use crate::request::Req;
+use crate::tuner::TunedThresholds;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,14 +33,28 @@ pub struct Shared {
     pub context_limit: usize,
     pub thresholds: Vec<Mutex<Threshold>>,
     pub metrics: Arc<EngineMetrics>,
-    /// Step latency observations (model, batch size, seconds) for online tuning.
-    pub latency_log: Mutex<Vec<(ModelIndex, usize, f64)>>,
+    /// Step latency observations for online tuning.
+    pub latency_log: Mutex<Vec<StepSample>>,
     /// Routing observations: counts[from][to] of step outcomes (to == from means stayed).
     pub route_counts: Mutex<Vec<Vec<u64>>>,
     /// Output tokens credited per outcome: credits[from][to] (a dropped token credits 0).
     pub credit_counts: Mutex<Vec<Vec<u64>>>,
-    /// Thresholds chosen by the online tuner for models configured `auto`.
-    pub tuned: Vec<AtomicUsize>,
+    /// Thresholds chosen by the online tuner for models configured `auto`, by number of
+    /// active requests.
+    pub tuned: Vec<TunedThresholds>,
+}
+
+/// One measured step of a model, as the online tuner sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepSample {
+    pub model: ModelIndex,
+    /// Rows in the step.
+    pub batch: usize,
+    /// Whether some row had nothing cached here (a request's first contact with this model,
+    /// or a re-prefill after eviction or preemption): such a step prefills a whole prompt
+    /// and is no sample of the decode/extend steps delayed batching trades.
+    pub prefill: bool,
+    pub seconds: f64,
 }
 
 impl Shared {
@@ -63,15 +78,13 @@ impl Shared {
             latency_log: Mutex::new(Vec::new()),
             route_counts: Mutex::new(vec![vec![0; n]; n]),
             credit_counts: Mutex::new(vec![vec![0; n]; n]),
-            tuned: (0..n).map(|_| AtomicUsize::new(1)).collect(),
+            tuned: (0..n).map(|_| TunedThresholds::new()).collect(),
         }
     }
 
     pub fn threshold(&self, model: ModelIndex, active: usize) -> usize {
         match self.thresholds[model].lock() {
-            Ok(t) if matches!(*t, Threshold::Auto(_)) => {
-                self.tuned[model].load(Ordering::SeqCst).max(1)
-            }
+            Ok(t) if matches!(*t, Threshold::Auto(_)) => self.tuned[model].get(active),
             Ok(t) => t.at(active),
             Err(_) => 1,
         }
@@ -342,6 +355,33 @@ impl SubServer {
         }
     }
 
+    /// Start-up latency profile (see `profile`): median ms of decode steps by batch size,
+    /// measured with the options real steps of this model use. Leaves the KV cache empty.
+    pub fn profile_latency(&mut self) -> Vec<(usize, f64)> {
+        let opts = StepOptions {
+            want_hidden: self.needs.hidden,
+            all_logits: false,
+        };
+        let started = Instant::now();
+        let result = crate::profile::decode_latency(&mut self.runner, self.max_batch, opts);
+        self.publish();
+        match result {
+            Ok(table) => {
+                tracing::info!(
+                    model = self.name(),
+                    step_ms_by_batch = ?table,
+                    took_s = started.elapsed().as_secs_f64(),
+                    "step latency profiled"
+                );
+                table
+            }
+            Err(e) => {
+                tracing::warn!(model = self.name(), error = %e, "step latency profile failed");
+                Vec::new()
+            }
+        }
+    }
+
     fn delta_len(&self, req: &Req) -> usize {
         let cached = self.runner.seq_len(req.rid).unwrap_or(0);
         req.total_len().saturating_sub(cached).max(1)
@@ -357,8 +397,10 @@ impl SubServer {
         }
         self.preempt_to_fit();
         let mut rows = Vec::with_capacity(self.running.len());
+        let mut prefill = false;
         for r in &self.running {
             let mut cached = self.runner.seq_len(r.rid).unwrap_or(0);
+            prefill |= cached == 0;
             if cached >= r.total_len() {
                 // Everything is cached (the sender dropped the token after ours): recompute
                 // the last position to get its logits.
@@ -390,7 +432,12 @@ impl SubServer {
             .with_label_values(&[self.name()])
             .observe(batch as f64);
         if let Ok(mut log) = self.shared.latency_log.lock() {
-            log.push((self.idx, batch, elapsed));
+            log.push(StepSample {
+                model: self.idx,
+                batch,
+                prefill,
+                seconds: elapsed,
+            });
         }
         let logits = match output.logits_rows() {
             Ok(l) => l,
