@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokenrouter_planner::{optimize_pinned, Latency, PlanInput, MAX_CONCURRENCY};
+use tokenrouter_planner::{optimize_pinned, Latency, Plan, PlanInput, MAX_CONCURRENCY};
 
 /// The start-up profile counts as this many observations of each batch size it measured.
 const SEED_WEIGHT: f64 = 4.0;
@@ -270,7 +270,8 @@ pub fn run_tuner(
         })
         .collect();
     let mut schedule = Schedule::new(period);
-    let mut logged: HashMap<usize, Vec<usize>> = HashMap::new();
+    // The latest plan per number of active requests.
+    let mut plans: HashMap<usize, Plan> = HashMap::new();
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(TICK);
         if let Ok(mut log) = shared.latency_log.lock() {
@@ -283,47 +284,58 @@ pub fn run_tuner(
         }
         let active = shared.active.load(Ordering::SeqCst);
         let now = Instant::now();
-        if !schedule.due(active, now) {
-            continue;
-        }
-        let Some(input) = observed_input(&shared, &tables, active) else {
-            continue;
-        };
-        schedule.done(active, now);
-        let pins: Vec<Option<usize>> = (0..n)
-            .map(|m| {
-                if auto[m] {
-                    None
-                } else {
-                    Some(shared.threshold(m, active))
-                }
-            })
-            .collect();
-        match optimize_pinned(&input, &pins) {
-            Ok(plan) => {
-                for (m, &b) in plan.thresholds.iter().enumerate() {
-                    if auto[m] {
-                        shared.tuned[m].set(active, b);
+        if schedule.due(active, now) {
+            if let Some(input) = observed_input(&shared, &tables, active) {
+                schedule.done(active, now);
+                let pins: Vec<Option<usize>> = (0..n)
+                    .map(|m| (!auto[m]).then(|| shared.threshold(m, active)))
+                    .collect();
+                match optimize_pinned(&input, &pins) {
+                    Ok(plan) => {
+                        for (m, &b) in plan.thresholds.iter().enumerate() {
+                            if auto[m] {
+                                shared.tuned[m].set(active, b);
+                            }
+                        }
+                        let changed = plans
+                            .get(&active)
+                            .is_none_or(|p| p.thresholds != plan.thresholds);
+                        if changed {
+                            let latency_ms: Vec<Vec<f64>> = input
+                                .latencies
+                                .iter()
+                                .map(|l| {
+                                    (1..=active)
+                                        .map(|b| (l.at(b) * 10.0).round() / 10.0)
+                                        .collect()
+                                })
+                                .collect();
+                            tracing::info!(
+                                active,
+                                thresholds = ?plan.thresholds,
+                                predicted_tok_s = plan.tokens_per_s,
+                                baseline_tok_s = plan.baseline_tokens_per_s,
+                                ?latency_ms,
+                                p_route = input.routing[0].get(1).copied().unwrap_or(0.0),
+                                "delayed batching re-planned"
+                            );
+                        }
+                        plans.insert(active, plan);
                     }
-                    shared
-                        .metrics
-                        .threshold
-                        .with_label_values(&[&shared.names[m]])
-                        .set(b as f64);
-                }
-                shared.metrics.predicted_throughput.set(plan.tokens_per_s);
-                if logged.get(&active) != Some(&plan.thresholds) {
-                    tracing::info!(
-                        active,
-                        thresholds = ?plan.thresholds,
-                        predicted_tok_s = plan.tokens_per_s,
-                        baseline_tok_s = plan.baseline_tokens_per_s,
-                        "delayed batching re-planned"
-                    );
-                    logged.insert(active, plan.thresholds.clone());
+                    Err(e) => tracing::warn!(error = %e, "delayed-batching planner failed"),
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "delayed-batching planner failed"),
+        }
+        // Export the plan in force at the current number of active requests.
+        if let Some(plan) = plans.get(&active) {
+            for (m, &b) in plan.thresholds.iter().enumerate() {
+                shared
+                    .metrics
+                    .threshold
+                    .with_label_values(&[&shared.names[m]])
+                    .set(b as f64);
+            }
+            shared.metrics.predicted_throughput.set(plan.tokens_per_s);
         }
     }
 }
