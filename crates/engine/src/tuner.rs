@@ -214,6 +214,7 @@ fn observed_input(shared: &Shared, tables: &[LatencyTable], active: usize) -> Op
         credits: credit,
         delta_ms,
         concurrency: active,
+        sharing: 0.0,
     })
 }
 
