@@ -393,16 +393,12 @@ impl Engine {
             )
         });
         let tune = any_auto && self.inner.config.system.execution == Execution::Async;
-        // Before serving, each model times its own decode steps by batch size so the tuner
-        // plans from a measured latency curve from the first request on.
-        let profiles: Vec<Vec<(usize, f64)>> = if tune {
-            loaded
-                .subs
-                .iter_mut()
-                .map(|s| s.profile_latency())
-                .collect()
+        // Before serving, each model times its own decode steps by batch size (and all of them
+        // their contention) so the tuner plans from measured latencies from the first request.
+        let profile = if tune {
+            crate::profile::profile_models(&mut loaded.subs)
         } else {
-            Vec::new()
+            crate::profile::Profile::default()
         };
         let (tx, rx) = mpsc::channel::<ToExchange>();
         let alive = self.inner.alive.clone();
@@ -446,7 +442,7 @@ impl Engine {
             std::thread::Builder::new()
                 .name("tokenrouter-tuner".into())
                 .spawn(move || {
-                    crate::tuner::run_tuner(shared, profiles, stop, Duration::from_millis(1000))
+                    crate::tuner::run_tuner(shared, profile, stop, Duration::from_millis(1000))
                 })
                 .map_err(|e| EngineError::Start(e.to_string()))?;
         }

@@ -42,6 +42,68 @@ pub struct Shared {
     /// Thresholds chosen by the online tuner for models configured `auto`, by number of
     /// active requests.
     pub tuned: Vec<TunedThresholds>,
+    /// How many models are in a step, integrated over time.
+    pub busy: BusyClock,
+}
+
+/// The number of models in a step, integrated over time: a step reads the integral when it
+/// starts and ends, which gives the mean number of models that were stepping meanwhile (itself
+/// included), i.e. how crowded a shared processor was.
+#[derive(Debug)]
+pub struct BusyClock {
+    state: Mutex<ClockState>,
+}
+
+#[derive(Debug)]
+struct ClockState {
+    last: Instant,
+    busy: usize,
+    /// Model-seconds of stepping since the clock started.
+    integral: f64,
+}
+
+impl Default for BusyClock {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(ClockState {
+                last: Instant::now(),
+                busy: 0,
+                integral: 0.0,
+            }),
+        }
+    }
+}
+
+impl BusyClock {
+    fn advance(s: &mut ClockState, now: Instant) {
+        s.integral += s.busy as f64 * now.saturating_duration_since(s.last).as_secs_f64();
+        s.last = s.last.max(now);
+    }
+
+    /// A step starts at `now`; returns the integral to pass to [`BusyClock::end`].
+    pub fn begin(&self, now: Instant) -> f64 {
+        let Ok(mut s) = self.state.lock() else {
+            return 0.0;
+        };
+        Self::advance(&mut s, now);
+        s.busy += 1;
+        s.integral
+    }
+
+    /// The step that began with `mark` ends at `now` after `seconds`: the mean number of
+    /// models stepping during it (at least 1).
+    pub fn end(&self, mark: f64, now: Instant, seconds: f64) -> f64 {
+        let Ok(mut s) = self.state.lock() else {
+            return 1.0;
+        };
+        Self::advance(&mut s, now);
+        s.busy = s.busy.saturating_sub(1);
+        if seconds > 0.0 {
+            ((s.integral - mark) / seconds).max(1.0)
+        } else {
+            1.0
+        }
+    }
 }
 
 /// One measured step of a model, as the online tuner sees it.
@@ -55,6 +117,8 @@ pub struct StepSample {
     /// and is no sample of the decode/extend steps delayed batching trades.
     pub prefill: bool,
     pub seconds: f64,
+    /// Mean number of models stepping during this step, itself included (see `BusyClock`).
+    pub busy: f64,
 }
 
 impl Shared {
@@ -79,6 +143,7 @@ impl Shared {
             route_counts: Mutex::new(vec![vec![0; n]; n]),
             credit_counts: Mutex::new(vec![vec![0; n]; n]),
             tuned: (0..n).map(|_| TunedThresholds::new()).collect(),
+            busy: BusyClock::default(),
         }
     }
 
@@ -382,6 +447,28 @@ impl SubServer {
         }
     }
 
+    /// Contention part of the start-up profile (see `profile::overlapped_decode`): mean ms of
+    /// one-token steps while the other models step too.
+    pub fn profile_overlapped(
+        &mut self,
+        barrier: &std::sync::Barrier,
+        window: std::time::Duration,
+    ) -> Option<f64> {
+        let opts = StepOptions {
+            want_hidden: self.needs.hidden,
+            all_logits: false,
+        };
+        let result = crate::profile::overlapped_decode(&mut self.runner, opts, barrier, window);
+        self.publish();
+        match result {
+            Ok(ms) => ms,
+            Err(e) => {
+                tracing::warn!(model = self.name(), error = %e, "contention profile failed");
+                None
+            }
+        }
+    }
+
     fn delta_len(&self, req: &Req) -> usize {
         let cached = self.runner.seq_len(req.rid).unwrap_or(0);
         req.total_len().saturating_sub(cached).max(1)
@@ -414,8 +501,11 @@ impl SubServer {
             all_logits: false,
         };
         let started = Instant::now();
+        let mark = self.shared.busy.begin(started);
         let result = self.runner.step(&rows, opts);
-        let elapsed = started.elapsed().as_secs_f64();
+        let ended = Instant::now();
+        let elapsed = (ended - started).as_secs_f64();
+        let busy = self.shared.busy.end(mark, ended, elapsed);
         let output = match result {
             Ok(o) => o,
             Err(e) => {
@@ -437,6 +527,7 @@ impl SubServer {
                 batch,
                 prefill,
                 seconds: elapsed,
+                busy,
             });
         }
         let logits = match output.logits_rows() {
@@ -557,5 +648,27 @@ impl SubServer {
                 cc[self.idx][t] += c;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BusyClock;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn busy_clock_gives_the_mean_number_of_models_stepping() {
+        let c = BusyClock::default();
+        let t0 = Instant::now();
+        let s = |x: u64| t0 + Duration::from_secs(x);
+        let a = c.begin(s(0));
+        let b = c.begin(s(1));
+        // A: 1 s alone, 1 s with B.
+        assert!((c.end(a, s(2), 2.0) - 1.5).abs() < 1e-9);
+        // B: 1 s with A, 1 s alone.
+        assert!((c.end(b, s(3), 2.0) - 1.5).abs() < 1e-9);
+        let d = c.begin(s(4));
+        assert!((c.end(d, s(5), 1.0) - 1.0).abs() < 1e-9);
+        assert_eq!(c.end(d, s(5), 0.0), 1.0);
     }
 }

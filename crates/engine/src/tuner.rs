@@ -1,12 +1,14 @@
 //! Online tuning of delayed batching (`delayed_batching_threshold: auto`): start from each
 //! model's start-up latency profile (`profile`), refine it with the decode/extend steps
-//! measured while serving (prefill steps excluded), estimate the routing matrix P and the
+//! measured while serving (prefill steps excluded; converted to solo latencies with the
+//! measured contention between models, which the planner models as a shared processor), estimate the routing matrix P and the
 //! credit matrix C from step outcomes, and solve the planner's exact Markov model for the
 //! number of active requests whenever that number has no fresh plan (a new count, or a plan
 //! older than the period); apply the best thresholds per count and export them (and the
 //! predicted throughput) in /metrics. Models with fixed thresholds stay pinned to theirs.
 
 use crate::config::Threshold;
+use crate::profile::Profile;
 use crate::subserver::Shared;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -193,7 +195,12 @@ struct Matrices {
 }
 
 /// Build the planner input from what has been observed so far.
-fn observed_input(shared: &Shared, tables: &[LatencyTable], active: usize) -> Option<PlanInput> {
+fn observed_input(
+    shared: &Shared,
+    tables: &[LatencyTable],
+    active: usize,
+    sharing: f64,
+) -> Option<PlanInput> {
     let counts = shared.route_counts.lock().ok()?.clone();
     let credits = shared.credit_counts.lock().ok()?.clone();
     let Matrices { routing, credit } = routing_estimate(&counts, &credits)?;
@@ -214,7 +221,7 @@ fn observed_input(shared: &Shared, tables: &[LatencyTable], active: usize) -> Op
         credits: credit,
         delta_ms,
         concurrency: active,
-        sharing: 0.0,
+        sharing,
     })
 }
 
@@ -247,20 +254,23 @@ impl Schedule {
     }
 }
 
-/// Runs until `stop`. `profiles[m]` is model m's start-up latency profile (batch, ms), empty
-/// when none was measured. Solves for the current number of active requests when it has no
-/// fresh plan (see [`Schedule`]).
-pub fn run_tuner(
-    shared: Arc<Shared>,
-    profiles: Vec<Vec<(usize, f64)>>,
-    stop: Arc<AtomicBool>,
-    period: Duration,
-) {
+/// Solo-equivalent seconds of a step that took `seconds` while on average `busy` models were
+/// stepping (itself included), given the measured contention `sharing`.
+fn solo_seconds(seconds: f64, busy: f64, sharing: f64) -> f64 {
+    seconds / (1.0 + sharing * (busy - 1.0).max(0.0))
+}
+
+/// Runs until `stop`. `profile` is the start-up profile (solo step latencies, possibly empty,
+/// and the contention between models). Solves for the current number of active requests when
+/// it has no fresh plan (see [`Schedule`]).
+pub fn run_tuner(shared: Arc<Shared>, profile: Profile, stop: Arc<AtomicBool>, period: Duration) {
     let n = shared.names.len();
     let mut tables: Vec<LatencyTable> = (0..n).map(|_| LatencyTable::default()).collect();
-    for (t, p) in tables.iter_mut().zip(&profiles) {
+    for (t, p) in tables.iter_mut().zip(&profile.step_ms) {
         t.seed(p);
     }
+    // Latencies are kept as solo latencies; the planner adds the contention back.
+    let sharing = profile.sharing;
     let auto: Vec<bool> = shared
         .thresholds
         .iter()
@@ -279,14 +289,14 @@ pub fn run_tuner(
             for s in log.drain(..) {
                 // Prefill steps are not what delayed batching trades (see `StepSample`).
                 if !s.prefill {
-                    tables[s.model].add(s.batch, s.seconds);
+                    tables[s.model].add(s.batch, solo_seconds(s.seconds, s.busy, sharing));
                 }
             }
         }
         let active = shared.active.load(Ordering::SeqCst);
         let now = Instant::now();
         if schedule.due(active, now) {
-            if let Some(input) = observed_input(&shared, &tables, active) {
+            if let Some(input) = observed_input(&shared, &tables, active, sharing) {
                 schedule.done(active, now);
                 let pins: Vec<Option<usize>> = (0..n)
                     .map(|m| (!auto[m]).then(|| shared.threshold(m, active)))
@@ -449,6 +459,15 @@ mod tests {
         s.done(3, t0 + Duration::from_millis(500));
         assert!(!s.due(4, t0 + Duration::from_millis(900)));
         assert!(s.due(4, t0 + Duration::from_millis(1000)));
+    }
+
+    #[test]
+    fn overlapped_steps_count_as_their_solo_time() {
+        assert!(close(solo_seconds(0.1, 1.0, 1.0), 0.1));
+        assert!(close(solo_seconds(0.1, 2.0, 1.0), 0.05));
+        assert!(close(solo_seconds(0.1, 1.5, 0.5), 0.08));
+        assert!(close(solo_seconds(0.1, 2.0, 0.0), 0.1));
+        assert!(close(solo_seconds(0.1, 0.5, 1.0), 0.1));
     }
 
     #[test]
