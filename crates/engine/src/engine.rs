@@ -411,7 +411,21 @@ impl Engine {
 
     fn load_and_run(&self) -> Result<(), EngineError> {
         let registry = Registry::default();
-        let loaded = load(&self.inner.config, self.inner.metrics.clone(), &registry)?;
+        let mut loaded = load(&self.inner.config, self.inner.metrics.clone(), &registry)?;
+        let any_auto = self.inner.config.models()?.iter().any(|m| {
+            matches!(
+                m.section.delayed_batching_threshold,
+                crate::config::Threshold::Auto(_)
+            )
+        });
+        let tune = any_auto && self.inner.config.system.execution == Execution::Async;
+        // Before serving, each model times its own decode steps by batch size (and all of them
+        // their contention) so the tuner plans from measured latencies from the first request.
+        let profile = if tune {
+            crate::profile::profile_models(&mut loaded.subs)
+        } else {
+            crate::profile::Profile::default()
+        };
         let (tx, rx) = mpsc::channel::<ToExchange>();
         let alive = self.inner.alive.clone();
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<(), EngineError> {
@@ -448,18 +462,14 @@ impl Engine {
                 )?;
             }
         }
-        let any_auto = self.inner.config.models()?.iter().any(|m| {
-            matches!(
-                m.section.delayed_batching_threshold,
-                crate::config::Threshold::Auto(_)
-            )
-        });
-        if any_auto && self.inner.config.system.execution == Execution::Async {
+        if tune {
             let shared = loaded.shared.clone();
             let stop = self.inner.tuner_stop.clone();
             std::thread::Builder::new()
                 .name("tokenrouter-tuner".into())
-                .spawn(move || crate::tuner::run_tuner(shared, stop, Duration::from_millis(1000)))
+                .spawn(move || {
+                    crate::tuner::run_tuner(shared, profile, stop, Duration::from_millis(1000))
+                })
                 .map_err(|e| EngineError::Start(e.to_string()))?;
         }
         let _ = self.inner.text.set(loaded.text);

@@ -8,6 +8,7 @@ pub mod exchange;
 pub mod methods;
 pub mod metrics;
 pub mod policy;
+pub mod profile;
 pub mod request;
 pub mod subserver;
 pub mod tuner;

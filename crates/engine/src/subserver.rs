@@ -8,6 +8,7 @@ use crate::config::Threshold;
 use crate::metrics::EngineMetrics;
 use crate::policy::{Decision, Needs, Policy, RowView, SendMode, StepView};
 use crate::request::Req;
+use crate::tuner::TunedThresholds;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,14 +33,92 @@ pub struct Shared {
     pub context_limit: usize,
     pub thresholds: Vec<Mutex<Threshold>>,
     pub metrics: Arc<EngineMetrics>,
-    /// Step latency observations (model, batch size, seconds) for online tuning.
-    pub latency_log: Mutex<Vec<(ModelIndex, usize, f64)>>,
+    /// Step latency observations for online tuning.
+    pub latency_log: Mutex<Vec<StepSample>>,
     /// Routing observations: counts[from][to] of step outcomes (to == from means stayed).
     pub route_counts: Mutex<Vec<Vec<u64>>>,
     /// Output tokens credited per outcome: credits[from][to] (a dropped token credits 0).
     pub credit_counts: Mutex<Vec<Vec<u64>>>,
-    /// Thresholds chosen by the online tuner for models configured `auto`.
-    pub tuned: Vec<AtomicUsize>,
+    /// Thresholds chosen by the online tuner for models configured `auto`, by number of
+    /// active requests.
+    pub tuned: Vec<TunedThresholds>,
+    /// How many models are in a step, integrated over time.
+    pub busy: BusyClock,
+}
+
+/// The number of models in a step, integrated over time: a step reads the integral when it
+/// starts and ends, which gives the mean number of models that were stepping meanwhile (itself
+/// included), i.e. how crowded a shared processor was.
+#[derive(Debug)]
+pub struct BusyClock {
+    state: Mutex<ClockState>,
+}
+
+#[derive(Debug)]
+struct ClockState {
+    last: Instant,
+    busy: usize,
+    /// Model-seconds of stepping since the clock started.
+    integral: f64,
+}
+
+impl Default for BusyClock {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(ClockState {
+                last: Instant::now(),
+                busy: 0,
+                integral: 0.0,
+            }),
+        }
+    }
+}
+
+impl BusyClock {
+    fn advance(s: &mut ClockState, now: Instant) {
+        s.integral += s.busy as f64 * now.saturating_duration_since(s.last).as_secs_f64();
+        s.last = s.last.max(now);
+    }
+
+    /// A step starts at `now`; returns the integral to pass to [`BusyClock::end`].
+    pub fn begin(&self, now: Instant) -> f64 {
+        let Ok(mut s) = self.state.lock() else {
+            return 0.0;
+        };
+        Self::advance(&mut s, now);
+        s.busy += 1;
+        s.integral
+    }
+
+    /// The step that began with `mark` ends at `now` after `seconds`: the mean number of
+    /// models stepping during it (at least 1).
+    pub fn end(&self, mark: f64, now: Instant, seconds: f64) -> f64 {
+        let Ok(mut s) = self.state.lock() else {
+            return 1.0;
+        };
+        Self::advance(&mut s, now);
+        s.busy = s.busy.saturating_sub(1);
+        if seconds > 0.0 {
+            ((s.integral - mark) / seconds).max(1.0)
+        } else {
+            1.0
+        }
+    }
+}
+
+/// One measured step of a model, as the online tuner sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepSample {
+    pub model: ModelIndex,
+    /// Rows in the step.
+    pub batch: usize,
+    /// Whether some row had nothing cached here (a request's first contact with this model,
+    /// or a re-prefill after eviction or preemption): such a step prefills a whole prompt
+    /// and is no sample of the decode/extend steps delayed batching trades.
+    pub prefill: bool,
+    pub seconds: f64,
+    /// Mean number of models stepping during this step, itself included (see `BusyClock`).
+    pub busy: f64,
 }
 
 impl Shared {
@@ -63,15 +142,14 @@ impl Shared {
             latency_log: Mutex::new(Vec::new()),
             route_counts: Mutex::new(vec![vec![0; n]; n]),
             credit_counts: Mutex::new(vec![vec![0; n]; n]),
-            tuned: (0..n).map(|_| AtomicUsize::new(1)).collect(),
+            tuned: (0..n).map(|_| TunedThresholds::new()).collect(),
+            busy: BusyClock::default(),
         }
     }
 
     pub fn threshold(&self, model: ModelIndex, active: usize) -> usize {
         match self.thresholds[model].lock() {
-            Ok(t) if matches!(*t, Threshold::Auto(_)) => {
-                self.tuned[model].load(Ordering::SeqCst).max(1)
-            }
+            Ok(t) if matches!(*t, Threshold::Auto(_)) => self.tuned[model].get(active),
             Ok(t) => t.at(active),
             Err(_) => 1,
         }
@@ -342,6 +420,55 @@ impl SubServer {
         }
     }
 
+    /// Start-up latency profile (see `profile`): median ms of decode steps by batch size,
+    /// measured with the options real steps of this model use. Leaves the KV cache empty.
+    pub fn profile_latency(&mut self) -> Vec<(usize, f64)> {
+        let opts = StepOptions {
+            want_hidden: self.needs.hidden,
+            all_logits: false,
+        };
+        let started = Instant::now();
+        let result = crate::profile::decode_latency(&mut self.runner, self.max_batch, opts);
+        self.publish();
+        match result {
+            Ok(table) => {
+                tracing::info!(
+                    model = self.name(),
+                    step_ms_by_batch = ?table,
+                    took_s = started.elapsed().as_secs_f64(),
+                    "step latency profiled"
+                );
+                table
+            }
+            Err(e) => {
+                tracing::warn!(model = self.name(), error = %e, "step latency profile failed");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Contention part of the start-up profile (see `profile::overlapped_decode`): mean ms of
+    /// one-token steps while the other models step too.
+    pub fn profile_overlapped(
+        &mut self,
+        barrier: &std::sync::Barrier,
+        window: std::time::Duration,
+    ) -> Option<f64> {
+        let opts = StepOptions {
+            want_hidden: self.needs.hidden,
+            all_logits: false,
+        };
+        let result = crate::profile::overlapped_decode(&mut self.runner, opts, barrier, window);
+        self.publish();
+        match result {
+            Ok(ms) => ms,
+            Err(e) => {
+                tracing::warn!(model = self.name(), error = %e, "contention profile failed");
+                None
+            }
+        }
+    }
+
     fn delta_len(&self, req: &Req) -> usize {
         let cached = self.runner.seq_len(req.rid).unwrap_or(0);
         req.total_len().saturating_sub(cached).max(1)
@@ -357,8 +484,10 @@ impl SubServer {
         }
         self.preempt_to_fit();
         let mut rows = Vec::with_capacity(self.running.len());
+        let mut prefill = false;
         for r in &self.running {
             let mut cached = self.runner.seq_len(r.rid).unwrap_or(0);
+            prefill |= cached == 0;
             if cached >= r.total_len() {
                 // Everything is cached (the sender dropped the token after ours): recompute
                 // the last position to get its logits.
@@ -372,13 +501,7 @@ impl SubServer {
             all_logits: false,
         };
         let started = Instant::now();
-        let output = match self.runner.step(&rows, opts) {
-            Ok(o) => o,
-            Err(e) => {
-                self.fail_batch(e, out);
-                return true;
-            }
-        };
+        let mark = self.shared.busy.begin(started);
         let limit = self.sample_limit;
         let on_device = !self.runner.model().device().is_cpu()
             && self.needs.no_logits
@@ -386,9 +509,10 @@ impl SubServer {
                 .running
                 .iter()
                 .all(|r| r.top_logprobs == 0 && r.sampler.config.is_plain_greedy());
-        let picked = if on_device {
-            output.greedy_rows(limit).map(|picks| {
-                let sampled = picks
+        let result = self.runner.step(&rows, opts).and_then(|output| {
+            let (sampled, logits) = if on_device {
+                let sampled = output
+                    .greedy_rows(limit)?
                     .into_iter()
                     .map(|(token, logprob)| Sampled {
                         token,
@@ -397,27 +521,29 @@ impl SubServer {
                     })
                     .collect();
                 (sampled, None)
-            })
-        } else {
-            output.logits_rows().map(|logits| {
+            } else {
+                let logits = output.logits_rows()?;
                 let sampled = self
                     .running
                     .iter_mut()
                     .zip(&logits)
                     .map(|(r, l)| r.sampler.sample(l, limit, r.top_logprobs))
-                    .collect();
+                    .collect::<Vec<_>>();
                 (sampled, Some(logits))
-            })
-        };
-        let (sampled, logits) = match picked {
-            Ok(p) => p,
+            };
+            Ok((output, sampled, logits))
+        });
+        // Timed until the results are on the host: GPU steps run asynchronously.
+        let ended = Instant::now();
+        let elapsed = (ended - started).as_secs_f64();
+        let busy = self.shared.busy.end(mark, ended, elapsed);
+        let (output, sampled, logits) = match result {
+            Ok(r) => r,
             Err(e) => {
                 self.fail_batch(e, out);
                 return true;
             }
         };
-        // Timed until the results are on the host: GPU steps run asynchronously.
-        let elapsed = started.elapsed().as_secs_f64();
         let batch = rows.len();
         let m = &self.shared.metrics;
         m.step_latency
@@ -427,7 +553,13 @@ impl SubServer {
             .with_label_values(&[self.name()])
             .observe(batch as f64);
         if let Ok(mut log) = self.shared.latency_log.lock() {
-            log.push((self.idx, batch, elapsed));
+            log.push(StepSample {
+                model: self.idx,
+                batch,
+                prefill,
+                seconds: elapsed,
+                busy,
+            });
         }
         self.after_step(sampled, logits.as_deref(), output.hidden.as_ref(), out);
         self.publish();
@@ -535,5 +667,27 @@ impl SubServer {
                 cc[self.idx][t] += c;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BusyClock;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn busy_clock_gives_the_mean_number_of_models_stepping() {
+        let c = BusyClock::default();
+        let t0 = Instant::now();
+        let s = |x: u64| t0 + Duration::from_secs(x);
+        let a = c.begin(s(0));
+        let b = c.begin(s(1));
+        // A: 1 s alone, 1 s with B.
+        assert!((c.end(a, s(2), 2.0) - 1.5).abs() < 1e-9);
+        // B: 1 s with A, 1 s alone.
+        assert!((c.end(b, s(3), 2.0) - 1.5).abs() < 1e-9);
+        let d = c.begin(s(4));
+        assert!((c.end(d, s(5), 1.0) - 1.0).abs() < 1e-9);
+        assert_eq!(c.end(d, s(5), 0.0), 1.0);
     }
 }

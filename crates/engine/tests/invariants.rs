@@ -187,10 +187,12 @@ async fn auto_thresholds_are_planned_online_and_exported() {
         "    delayed_batching_threshold: auto\n",
         "async",
     ));
+    // The start-up latency profile ran before `ready` and left no KV behind.
+    assert_all_free(&e, Duration::ZERO);
     let reqs: Vec<_> = (0..8)
         .map(|i| greedy_request(prompt(4 + i, i as u32), 450))
         .collect();
-    // Keep 8 requests in flight until the tuner (period 1 s) has planned, at most ~20 s.
+    // Keep 8 requests in flight until the tuner has planned, at most ~20 rounds.
     let planned = |m: &str| {
         m.contains("tokenrouter:planner_predicted_tokens_per_second")
             && !m.contains("tokenrouter:planner_predicted_tokens_per_second 0\n")

@@ -6,7 +6,9 @@
 //! complete together, their requests are routed (the joint arrival vector is the convolution of one
 //! multinomial per completing model) and the start phase of [`crate::rules`] runs. The states are
 //! (q, b, r) right after a start phase; they are discovered by BFS from the initial state, with the
-//! expected tokens credited at the next completion (`R_s`) and the ticks until it (`τ_s`).
+//! expected tokens credited at the next completion (`R_s`) and the ticks until it (`τ_s`). With a
+//! shared processor (`PlanInput::sharing`), `r` counts ticks of work and `τ_s` is stretched by the
+//! dilation of the busy set, which stays the same until the next completion.
 
 use std::collections::HashMap;
 
@@ -111,6 +113,9 @@ pub(crate) fn build(input: &PlanInput, thresholds: &[usize], max_states: usize) 
             .map(|m| s.r[m])
             .min()
             .unwrap_or(0);
+        // Shared processor: the busy set is fixed until the next completion, so every busy
+        // model progresses `tau` ticks of work in `tau * dilation` ticks of time.
+        let busy = (0..rules.models).filter(|&m| s.r[m] > 0).count();
         // The start phase guarantees at least one busy model whenever N >= 1.
         debug_assert!(tau > 0, "state without a busy model");
         let mut base = s;
@@ -175,7 +180,7 @@ pub(crate) fn build(input: &PlanInput, thresholds: &[usize], max_states: usize) 
         }
         chain.row_start.push(chain.target.len());
         chain.reward.push(reward);
-        chain.ticks.push(f64::from(tau));
+        chain.ticks.push(f64::from(tau) * input.dilation(busy));
         i += 1;
     }
     Ok(chain)
@@ -193,6 +198,7 @@ mod tests {
             credits: vec![vec![1.0, 0.0], vec![1.0, 0.0]],
             delta_ms: 0.1,
             concurrency: n,
+            sharing: 0.0,
         }
     }
 

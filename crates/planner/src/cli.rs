@@ -42,6 +42,11 @@ pub struct PlanArgs {
     /// Time quantum δ in ms.
     #[arg(long, default_value_t = 0.1, value_name = "MS")]
     pub delta: f64,
+    /// Contention of models sharing one processor: with k models in a step each runs at
+    /// 1/(1 + sharing·(k−1)) of its solo speed (0 = independent devices, 1 = processor sharing;
+    /// the latencies are then solo latencies).
+    #[arg(long, default_value_t = 0.0, value_name = "ALPHA")]
+    pub sharing: f64,
     /// Plan every concurrency 1..=K and print per-model threshold lists as YAML.
     #[arg(long = "max-concurrency", value_name = "K")]
     pub max_concurrency: Option<usize>,
@@ -120,6 +125,7 @@ impl PlanArgs {
             credits,
             delta_ms: self.delta,
             concurrency: self.concurrency,
+            sharing: self.sharing,
         };
         input.validate()?;
         Ok(input)
@@ -272,6 +278,13 @@ fn render_text(
         "# routing P = {:?}, credits C = {:?}",
         input.routing, input.credits
     );
+    if input.sharing > 0.0 {
+        let _ = writeln!(
+            out,
+            "# shared processor: sharing {} (k busy models each run at 1/(1 + {}·(k-1)))",
+            input.sharing, input.sharing
+        );
+    }
     let mut header = format!(
         "# {:>4}  {:<20} {:>12} {:>12} {:>8}",
         "N", "thresholds", "tok/s", "tok/s (B=1)", "gain"

@@ -48,6 +48,8 @@ pub enum PlanError {
     },
     #[error("latency table of model {0} is empty")]
     EmptyLatencyTable(usize),
+    #[error("sharing must be finite and >= 0, got {0}")]
+    BadSharing(f64),
     #[error("time quantum delta must be finite and > 0 ms, got {0}")]
     BadDelta(f64),
     #[error("a step of model {model} lasts {ticks} ticks; more than 65535 (raise delta)")]
@@ -107,6 +109,12 @@ pub struct PlanInput {
     pub delta_ms: f64,
     /// Number of requests N in the closed loop.
     pub concurrency: usize,
+    /// Contention between models that share one processor (e.g. two models on the same CPU
+    /// cores): while k models are in a step, each progresses at 1 / (1 + sharing·(k − 1)) of its
+    /// solo speed, so `latencies` are solo latencies. 0 = independent devices (the paper's
+    /// setting), 1 = processor sharing.
+    #[serde(default)]
+    pub sharing: f64,
 }
 
 impl PlanInput {
@@ -130,6 +138,9 @@ impl PlanInput {
         }
         if !(self.delta_ms.is_finite() && self.delta_ms > 0.0) {
             return Err(PlanError::BadDelta(self.delta_ms));
+        }
+        if !(self.sharing.is_finite() && self.sharing >= 0.0) {
+            return Err(PlanError::BadSharing(self.sharing));
         }
         check_matrix("routing matrix P", &self.routing, m)?;
         check_matrix("credit matrix C", &self.credits, m)?;
@@ -169,6 +180,12 @@ impl PlanInput {
         let ticks = (self.latencies[model].at(batch) / self.delta_ms).round();
         // Validation bounds the value; the clamp keeps the conversion total.
         ticks.clamp(1.0, f64::from(u16::MAX)) as u16
+    }
+
+    /// Wall-clock length of one tick of progress while `busy` models are in a step, in ticks
+    /// (see `sharing`).
+    pub fn dilation(&self, busy: usize) -> f64 {
+        1.0 + self.sharing * busy.saturating_sub(1) as f64
     }
 
     /// Same input with another concurrency.
@@ -222,6 +239,7 @@ mod tests {
             credits: vec![vec![1.0, 0.0], vec![1.0, 0.0]],
             delta_ms: 0.1,
             concurrency: 4,
+            sharing: 0.0,
         }
     }
 
@@ -268,6 +286,15 @@ mod tests {
         let mut p = r2r();
         p.delta_ms = 0.0;
         assert!(matches!(p.validate(), Err(PlanError::BadDelta(_))));
+        let mut p = r2r();
+        p.sharing = -0.5;
+        assert!(matches!(p.validate(), Err(PlanError::BadSharing(_))));
+        p.sharing = 1.0;
+        assert!(p.validate().is_ok());
+        assert_eq!(
+            (p.dilation(1), p.dilation(2), p.dilation(3)),
+            (1.0, 2.0, 3.0)
+        );
     }
 
     #[test]

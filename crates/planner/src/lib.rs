@@ -2,6 +2,9 @@
 //! serving N requests in a closed loop (see `METHODS.md`, "Delayed batching"), a Monte-Carlo
 //! cross-check, the threshold search, and the `plan-batching` command-line front end.
 //!
+//! Optionally the models share one processor (`PlanInput::sharing`, e.g. two models on the same CPU
+//! cores): while k models are busy each progresses at 1/(1 + sharing·(k−1)) of its solo speed.
+//!
 //! The tick rules live in one place (`rules`) and are used by both the exact solver (`chain` +
 //! `solve`, jumping between step-completion epochs) and the simulator (`sim`, tick by tick).
 

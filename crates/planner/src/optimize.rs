@@ -246,6 +246,7 @@ mod tests {
             credits: vec![vec![1.0]],
             delta_ms: 1.0,
             concurrency: n,
+            sharing: 0.0,
         }
     }
 
@@ -276,6 +277,7 @@ mod tests {
             credits: vec![vec![1.0, 0.0], vec![1.0, 0.0]],
             delta_ms: 0.1,
             concurrency: 5,
+            sharing: 0.0,
         };
         let plan = optimize_pinned(&input, &[Some(2), None]).expect("plan");
         assert_eq!(plan.thresholds[0], 2);

@@ -146,6 +146,7 @@ mod tests {
             credits: vec![vec![1.0, 0.0], vec![1.0, 0.0]],
             delta_ms: 0.1,
             concurrency: n,
+            sharing: 0.0,
         }
     }
 

@@ -8,7 +8,8 @@ use rand::{Rng, SeedableRng};
 use crate::input::{PlanError, PlanInput, Result};
 use crate::rules::Rules;
 
-/// Simulates `ticks` ticks from the initial state and returns the measured tokens per second.
+/// Simulates `ticks` ticks of progress from the initial state and returns the measured tokens per
+/// second of wall-clock time.
 pub fn simulate(input: &PlanInput, thresholds: &[usize], ticks: u64, seed: u64) -> Result<f64> {
     input.validate()?;
     if thresholds.len() != input.models() {
@@ -43,7 +44,10 @@ pub fn simulate(input: &PlanInput, thresholds: &[usize], ticks: u64, seed: u64) 
         .collect();
     let mut s = rules.initial(input.concurrency);
     let mut tokens = 0.0;
+    // Wall-clock time in ticks: a tick of progress lasts `dilation(busy)` (shared processor).
+    let mut wall = 0.0;
     for _ in 0..ticks {
+        wall += input.dilation((0..rules.models).filter(|&m| s.r[m] > 0).count());
         let mut arrivals = [0u8; crate::input::MAX_MODELS];
         for m in 0..rules.models {
             if s.r[m] == 0 {
@@ -74,7 +78,7 @@ pub fn simulate(input: &PlanInput, thresholds: &[usize], ticks: u64, seed: u64) 
         }
         rules.start_phase(&mut s);
     }
-    Ok(tokens / (ticks as f64 * input.delta_ms) * 1000.0)
+    Ok(tokens / (wall * input.delta_ms) * 1000.0)
 }
 
 #[cfg(test)]
@@ -90,6 +94,7 @@ mod tests {
             credits: vec![vec![1.0]],
             delta_ms: 0.5,
             concurrency: 3,
+            sharing: 0.0,
         };
         // 3 tokens every 4 ticks of 0.5 ms
         let x = simulate(&input, &[1], 4000, 1).expect("simulate");
@@ -104,6 +109,7 @@ mod tests {
             credits: vec![vec![1.0]],
             delta_ms: 0.5,
             concurrency: 3,
+            sharing: 0.0,
         };
         assert!(matches!(
             simulate(&input, &[1, 2], 10, 1),

@@ -17,6 +17,7 @@ fn input(
         credits: credits.iter().map(|r| r.to_vec()).collect(),
         delta_ms,
         concurrency: n,
+        sharing: 0.0,
     }
 }
 
@@ -216,4 +217,64 @@ fn invalid_inputs_are_rejected() {
         optimize(&r2r(0)),
         Err(PlanError::BadConcurrency(0))
     ));
+}
+
+#[test]
+fn sharing_changes_nothing_when_one_model_is_busy_at_a_time() {
+    let mut p = input(
+        &[5.0, 15.0],
+        &[&[0.0, 1.0], &[1.0, 0.0]],
+        &[&[0.0, 1.0], &[1.0, 0.0]],
+        0.5,
+        2,
+    );
+    let alone = throughput(&p, &[1, 2]).expect("solve");
+    p.sharing = 1.0;
+    assert!(close(throughput(&p, &[1, 2]).expect("solve"), alone, 1e-12));
+}
+
+#[test]
+fn exact_matches_monte_carlo_with_a_shared_processor() {
+    let mut p = r2r(4);
+    p.sharing = 1.0;
+    assert_mc_agrees(&p, &[1, 1], 20_000_000);
+    assert_mc_agrees(&p, &[1, 3], 20_000_000);
+    p.sharing = 0.5;
+    assert_mc_agrees(&p, &[2, 2], 20_000_000);
+    // Contention only slows things down (not at all with B = N: the models never overlap).
+    for b in 1..=4 {
+        let (shared, separate) = (throughput(&p, &[1, b]), throughput(&r2r(4), &[1, b]));
+        let (shared, separate) = (shared.expect("solve"), separate.expect("solve"));
+        if b < 4 {
+            assert!(shared < separate, "B={b}: {shared} vs {separate}");
+        } else {
+            assert!(
+                close(shared, separate, 1e-12),
+                "B={b}: {shared} vs {separate}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_shared_processor_favours_batching_the_large_model() {
+    // Solo CPU latencies of a 0.5B / 1.5B pair: the small model's steps grow ~linearly with the
+    // batch, the large model's barely. On separate devices B = 1 is best; on one shared
+    // processor every large-model step also slows the small model, so batching wins.
+    let slm = vec![30.0, 54.0, 78.0, 102.0];
+    let llm = vec![50.0, 56.0, 62.0, 68.0];
+    let mut p = PlanInput {
+        latencies: vec![Latency::ByBatch(slm), Latency::ByBatch(llm)],
+        routing: vec![vec![0.7, 0.3], vec![1.0, 0.0]],
+        credits: vec![vec![1.0, 0.0], vec![1.0, 0.0]],
+        delta_ms: 1.5,
+        concurrency: 4,
+        sharing: 0.0,
+    };
+    let separate = tokenrouter_planner::optimize_pinned(&p, &[Some(1), None]).expect("plan");
+    assert_eq!(separate.thresholds, vec![1, 1]);
+    p.sharing = 1.0;
+    let shared = tokenrouter_planner::optimize_pinned(&p, &[Some(1), None]).expect("plan");
+    assert!(shared.thresholds[1] > 1, "{:?}", shared.thresholds);
+    assert!(shared.tokens_per_s > shared.baseline_tokens_per_s * 1.05);
 }

@@ -42,6 +42,11 @@ pub struct StepOutput {
 
 impl StepOutput {
     /// Logits as one `Vec` per row (host memory).
+    /// Wait until the step's results exist (GPU steps run asynchronously): for timing.
+    pub fn wait(&self) -> Result<()> {
+        Ok(self.logits.device().synchronize()?)
+    }
+
     /// Greedy picks computed where the logits are: per row the argmax among ids below
     /// `limit` and its log-probability. Copies two numbers per row to the host instead of
     /// the whole vocabulary (ties may resolve to any of the tied ids).
