@@ -12,6 +12,7 @@ pub mod profile;
 pub mod request;
 pub mod subserver;
 pub mod tuner;
+pub mod turn;
 
 pub use config::{EngineConfig, Execution, Threshold};
 pub use engine::{Engine, EngineError, GenerateParams, Generation};

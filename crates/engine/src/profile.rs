@@ -189,6 +189,7 @@ pub fn overlapped_decode(
     opts: StepOptions,
     barrier: &Barrier,
     window: Duration,
+    turn: Option<&crate::turn::TurnLock>,
 ) -> Result<Option<f64>, RuntimeError> {
     let seq = dummy_seq(0);
     let vocab = runner.config().vocab_size.max(1) as u32;
@@ -202,9 +203,13 @@ pub fn overlapped_decode(
         let mut times = Vec::new();
         while Instant::now() < deadline && times.len() < room {
             let t = Instant::now();
-            runner
-                .step(&[Row::new(seq, vec![101 % vocab])], opts)?
-                .wait()?;
+            {
+                // Models that take turns in serving take them here too.
+                let _turn = turn.map(|t| t.acquire());
+                runner
+                    .step(&[Row::new(seq, vec![101 % vocab])], opts)?
+                    .wait()?;
+            }
             let end = Instant::now();
             if end <= deadline {
                 times.push((end - t).as_secs_f64() * 1000.0);

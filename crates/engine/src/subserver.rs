@@ -44,6 +44,8 @@ pub struct Shared {
     pub tuned: Vec<TunedThresholds>,
     /// How many models are in a step, integrated over time.
     pub busy: BusyClock,
+    /// CPU models step one at a time (see `turn.rs`).
+    pub cpu_turn: crate::turn::TurnLock,
 }
 
 /// The number of models in a step, integrated over time: a step reads the integral when it
@@ -144,6 +146,7 @@ impl Shared {
             credit_counts: Mutex::new(vec![vec![0; n]; n]),
             tuned: (0..n).map(|_| TunedThresholds::new()).collect(),
             busy: BusyClock::default(),
+            cpu_turn: crate::turn::TurnLock::default(),
         }
     }
 
@@ -458,7 +461,15 @@ impl SubServer {
             want_hidden: self.needs.hidden,
             all_logits: false,
         };
-        let result = crate::profile::overlapped_decode(&mut self.runner, opts, barrier, window);
+        let shared = self.shared.clone();
+        let turn = self
+            .runner
+            .model()
+            .device()
+            .is_cpu()
+            .then_some(&shared.cpu_turn);
+        let result =
+            crate::profile::overlapped_decode(&mut self.runner, opts, barrier, window, turn);
         self.publish();
         match result {
             Ok(ms) => ms,
@@ -500,6 +511,14 @@ impl SubServer {
             want_hidden: self.needs.hidden,
             all_logits: false,
         };
+        // CPU models take turns (waiting is not part of the step's latency).
+        let shared = self.shared.clone();
+        let _turn = self
+            .runner
+            .model()
+            .device()
+            .is_cpu()
+            .then(|| shared.cpu_turn.acquire());
         let started = Instant::now();
         let mark = self.shared.busy.begin(started);
         let limit = self.sample_limit;
