@@ -11,7 +11,7 @@
 //! `Linear` (model.rs) asks [`CpuMatmul::new`] for each weight; `None` leaves it to candle.
 
 use candle_core::quantized::QMatMul;
-use candle_core::Tensor;
+use candle_core::{CpuStorage, Layout, Shape, Tensor};
 
 pub mod q4_k;
 pub mod q5_0;
@@ -50,6 +50,45 @@ impl CpuMatmul {
             Self::Q6K(q) => q.forward(x),
         }
     }
+}
+
+/// The kernel a weight gets: `$var=candle` leaves it to candle, `=scalar` / `=avx2` force a
+/// kernel (for A/B measurements), otherwise the best this CPU has (`detected`) — or none
+/// when that is the scalar loop and it does not beat candle's own path (`scalar_wins`).
+fn kernel_from_env<K: Copy + PartialEq>(
+    var: &str,
+    scalar: K,
+    avx2: K,
+    detected: K,
+    scalar_wins: bool,
+) -> Option<K> {
+    match std::env::var(var).as_deref() {
+        Ok("candle") => None,
+        Ok("scalar") => Some(scalar),
+        Ok("avx2") => Some(avx2),
+        _ if detected == scalar && !scalar_wins => None,
+        _ => Some(detected),
+    }
+}
+
+/// The contiguous f32 input of a matmul op `[.., k]` and its output shape `[.., n]`.
+fn matmul_io<'a>(
+    op: &str,
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    k: usize,
+    n: usize,
+) -> candle_core::Result<(&'a [f32], Shape)> {
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("{op}: input is not contiguous {layout:?}");
+    };
+    let x = &storage.as_slice::<f32>()?[start..end];
+    let mut dims = layout.dims().to_vec();
+    match dims.last_mut() {
+        Some(last) if *last == k => *last = n,
+        _ => candle_core::bail!("{op}: input {dims:?} does not end in {k}"),
+    }
+    Ok((x, Shape::from(dims)))
 }
 
 /// Below this many 32-value block products the pool's hand-off costs more than it saves.

@@ -107,15 +107,13 @@ impl Q6kMatmul {
     /// `TOKENROUTER_CPU_QK=candle` turns this path off, `=scalar` forces the portable kernel.
     /// Without a SIMD kernel for this CPU candle keeps the weight.
     pub fn new(w: &QMatMul) -> Option<Self> {
-        let kernel = match std::env::var("TOKENROUTER_CPU_QK").as_deref() {
-            Ok("candle") => return None,
-            Ok("scalar") => Kernel::Scalar,
-            Ok("avx2") => Kernel::Avx2,
-            _ => match Kernel::detect() {
-                Kernel::Scalar => return None,
-                k => k,
-            },
-        };
+        let kernel = super::kernel_from_env(
+            "TOKENROUTER_CPU_QK",
+            Kernel::Scalar,
+            Kernel::Avx2,
+            Kernel::detect(),
+            false,
+        )?;
         Self::with_kernel(w, kernel)
     }
 
@@ -173,19 +171,14 @@ impl CustomOp1 for Q6kMatmul {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("q6_k matvec: input is not contiguous {layout:?}");
-        };
-        let x = &storage.as_slice::<f32>()?[start..end];
-        let mut dims = layout.dims().to_vec();
-        match dims.last_mut() {
-            Some(last) if *last == self.k && x.len() == self.k => *last = self.n,
-            _ => candle_core::bail!("q6_k matvec: input {dims:?} is not one row of {}", self.k),
+        let (x, shape) = super::matmul_io("q6_k matvec", storage, layout, self.k, self.n)?;
+        if x.len() != self.k {
+            candle_core::bail!("q6_k matvec: input {shape:?} is not one row of {}", self.k);
         }
         let data = self.w.data()?;
         let mut out = vec![0f32; self.n];
         matvec(self.kernel, &data, self.n, self.k, x, &mut out)?;
-        Ok((CpuStorage::F32(out), Shape::from(dims)))
+        Ok((CpuStorage::F32(out), shape))
     }
 }
 

@@ -162,15 +162,13 @@ impl Q4kMatmul {
     /// off, `=scalar` forces the portable kernel (for A/B measurements). Without a SIMD
     /// kernel for this CPU candle keeps the weight.
     pub fn new(w: &QMatMul) -> Option<Self> {
-        let kernel = match std::env::var("TOKENROUTER_CPU_QK").as_deref() {
-            Ok("candle") => return None,
-            Ok("scalar") => Kernel::Scalar,
-            Ok("avx2") => Kernel::Avx2,
-            _ => match Kernel::detect() {
-                Kernel::Scalar => return None,
-                k => k,
-            },
-        };
+        let kernel = super::kernel_from_env(
+            "TOKENROUTER_CPU_QK",
+            Kernel::Scalar,
+            Kernel::Avx2,
+            Kernel::detect(),
+            false,
+        )?;
         Self::with_kernel(w, kernel)
     }
 
@@ -230,19 +228,11 @@ impl CustomOp1 for Q4kMatmul {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("q4_k matmul: input is not contiguous {layout:?}");
-        };
-        let x = &storage.as_slice::<f32>()?[start..end];
-        let mut dims = layout.dims().to_vec();
-        match dims.last_mut() {
-            Some(last) if *last == self.k => *last = self.n,
-            _ => candle_core::bail!("q4_k matmul: input {dims:?} does not end in {}", self.k),
-        }
+        let (x, shape) = super::matmul_io("q4_k matmul", storage, layout, self.k, self.n)?;
         let m = x.len() / self.k;
         let mut out = vec![0f32; m * self.n];
         matmul(self.kernel, &self.tiles, self.n, self.k, x, &mut out)?;
-        Ok((CpuStorage::F32(out), Shape::from(dims)))
+        Ok((CpuStorage::F32(out), shape))
     }
 }
 

@@ -108,12 +108,13 @@ impl Q5Matmul {
     /// `TOKENROUTER_CPU_Q5=candle` turns this path off, `=scalar` / `=avx2` force a kernel
     /// (for A/B measurements).
     pub fn new(w: &QMatMul) -> Option<Self> {
-        let kernel = match std::env::var("TOKENROUTER_CPU_Q5").as_deref() {
-            Ok("candle") => return None,
-            Ok("scalar") => Kernel::Scalar,
-            Ok("avx2") => Kernel::Avx2,
-            _ => Kernel::detect(),
-        };
+        let kernel = super::kernel_from_env(
+            "TOKENROUTER_CPU_Q5",
+            Kernel::Scalar,
+            Kernel::Avx2,
+            Kernel::detect(),
+            true,
+        )?;
         Self::with_kernel(w, kernel)
     }
 
@@ -160,20 +161,12 @@ impl CustomOp1 for Q5Matmul {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("q5_0 matmul: input is not contiguous {layout:?}");
-        };
-        let x = &storage.as_slice::<f32>()?[start..end];
-        let mut dims = layout.dims().to_vec();
-        match dims.last_mut() {
-            Some(last) if *last == self.k => *last = self.n,
-            _ => candle_core::bail!("q5_0 matmul: input {dims:?} does not end in {}", self.k),
-        }
+        let (x, shape) = super::matmul_io("q5_0 matmul", storage, layout, self.k, self.n)?;
         let data = self.w.data()?;
         let m = x.len() / self.k;
         let mut out = vec![0f32; m * self.n];
         matmul(self.kernel, &data, self.n, self.k, x, &mut out)?;
-        Ok((CpuStorage::F32(out), Shape::from(dims)))
+        Ok((CpuStorage::F32(out), shape))
     }
 }
 
