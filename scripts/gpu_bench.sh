@@ -6,8 +6,10 @@
 #      Qwen3-0.6B and Qwen3-32B shapes (random weights made on the GPU), with the copy / GEMM
 #      ceilings and the weight-read floor measured in the same process;
 #   3. the HF transformers eager reference (torch_reference_eager.py) for the same shapes.
-#   4. the fused-kernel check (paged attention vs dense f32 reference, fused vs plain logits)
-#      and the 0.6B step with the fused kernels off / CUDA graphs off, for comparison;
+#   4. the fused-kernel check (paged attention vs dense f32 reference, skinny matmuls with
+#      folded-in norms/silu/residual adds vs the separate kernels, fused vs plain logits) and
+#      the 0.6B step with the fused kernels off / CUDA graphs off, both models' 1-2 row steps
+#      without the folded skinny matmuls, for comparison;
 #   5. end-to-end routing throughput (scripts/gpu_routing.py: serve + bench, random p = 0.35).
 # Logs go to $OUT; a short table is printed last. STEPS picks sections (default all:
 # "check fused ours hf routing"); ROUTING_ARGS is passed to gpu_routing.py.
@@ -38,7 +40,8 @@ echo "== 4. fused kernels: check, and the 0.6B step without them / without graph
 timeout 120 $RUN bench-model --check-fused config/shapes/qwen3-0.6b.json --device cuda:0 2>&1 | tee $OUT/check_fused.txt | grep -v '^== ldd\|^== LD\|lib'
 TOKENROUTER_CUDA_GRAPHS=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,4,16 2>&1 | tee $OUT/nographs_0.6b.txt | grep '^|'
 TOKENROUTER_FUSED_KERNELS=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,4,16 2>&1 | tee $OUT/plain_0.6b.txt | grep '^|'
-TOKENROUTER_GEMV=0 timeout 120 $RUN bench-model --random-weights config/shapes/qwen3-32b.json --device cuda:0 --batches 1,4,16 --decode-tokens 10 --prefill-tokens 64 2>&1 | tee $OUT/nogemv_32b.txt | grep '^|'
+TOKENROUTER_FUSED_GEMV=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,2 2>&1 | tee $OUT/nofold_0.6b.txt | grep '^|'
+TOKENROUTER_FUSED_GEMV=0 timeout 120 $RUN bench-model --random-weights config/shapes/qwen3-32b.json --device cuda:0 --batches 1,2 --decode-tokens 10 --prefill-tokens 64 2>&1 | tee $OUT/nofold_32b.txt | grep '^|'
 fi
 
 if has ours; then

@@ -43,6 +43,12 @@ pub fn check_fused(config: &Path, device: &str) -> Result<()> {
         gemv_worst = gemv_worst.max(e);
     }
     println!("CHECK gemv max_rel_err {gemv_worst:.3e} (bf16 output rounding ~4e-3)");
+    let mut folded_worst = 0f32;
+    for (what, m, e) in tokenrouter_runtime::cuda_check::check_fused_gemv(&dev)? {
+        println!("folded gemv {what}, {m} rows: max rel err vs separate kernels {e:.2e}");
+        folded_worst = folded_worst.max(e);
+    }
+    println!("CHECK folded_gemv max_rel_err {folded_worst:.3e} (same arithmetic: <= one bf16 step)");
     let (fused, plain) = (
         run_script(config, &dev, true)?,
         run_script(config, &dev, false)?,
@@ -130,12 +136,14 @@ fn run_script(config: &Path, dev: &candle_core::Device, fused: bool) -> Result<V
         }
         out.extend(r.step(&rows, StepOptions::default())?.logits_rows()?);
     }
-    // Decode-only steps (CUDA graphs when on): all sequences, three (padded bucket), one.
-    for step in 0..6usize {
-        let seqs: Vec<usize> = match step % 3 {
+    // Decode-only steps (CUDA graphs when on): all sequences, three (padded bucket), one,
+    // two (the last two take the folded skinny-matmul layers).
+    for step in 0..8usize {
+        let seqs: Vec<usize> = match step % 4 {
             0 => (0..len.len()).collect(),
             1 => vec![1, 4, 6],
-            _ => vec![5],
+            2 => vec![5],
+            _ => vec![0, 3],
         };
         let rows: Vec<Row> = seqs
             .iter()

@@ -79,15 +79,20 @@ pub fn profile_models(subs: &mut [SubServer]) -> Profile {
     Profile { step_ms, sharing }
 }
 
-/// The contention factor of `slowdowns` measured with all `k = slowdowns.len()` models busy:
-/// each ran `1 + sharing·(k − 1)` times slower than alone (mean over models, clamped).
+/// The contention factor of `slowdowns` measured with all `k = slowdowns.len()` models busy.
+/// The planner's model is symmetric (each busy model runs `1 + sharing·(k − 1)` times slower
+/// than alone); real contention is not: CPU models taking turns slow the short steps more
+/// than the long ones, and on one GPU the small model's many short kernels hold the SMs
+/// while the large model nearly stalls. What the symmetric model must get right is the work
+/// done per second by all models together, `Σ 1/slowdown`, so `sharing` matches that
+/// (the harmonic mean of the slowdowns), clamped.
 pub fn sharing_from_slowdowns(slowdowns: &[f64]) -> f64 {
     let k = slowdowns.len();
     if k < 2 {
         return 0.0;
     }
-    let mean = slowdowns.iter().sum::<f64>() / k as f64;
-    let s = (mean - 1.0) / (k - 1) as f64;
+    let rate: f64 = slowdowns.iter().map(|s| 1.0 / s).sum();
+    let s = (k as f64 / rate - 1.0) / (k - 1) as f64;
     if s.is_finite() {
         s.clamp(0.0, MAX_SHARING)
     } else {
@@ -239,10 +244,15 @@ mod tests {
     }
 
     #[test]
-    fn sharing_is_the_mean_extra_slowdown_per_other_model() {
+    fn sharing_matches_the_combined_work_rate() {
         assert_eq!(sharing_from_slowdowns(&[2.0]), 0.0);
-        assert!((sharing_from_slowdowns(&[1.8, 2.2]) - 1.0).abs() < 1e-12);
+        assert!((sharing_from_slowdowns(&[2.0, 2.0]) - 1.0).abs() < 1e-12);
         assert!((sharing_from_slowdowns(&[1.0, 1.0]) - 0.0).abs() < 1e-12);
+        // Turns: a 10 ms and a 30 ms step alternate: 4x and 1.33x slower, one processor's
+        // worth of work in all (1/4 + 3/4 = 1): processor sharing.
+        assert!((sharing_from_slowdowns(&[4.0, 4.0 / 3.0]) - 1.0).abs() < 1e-12);
+        // One model barely slowed, the other stalled: worse than processor sharing.
+        assert!(sharing_from_slowdowns(&[1.1, 50.0]) > 1.0);
         // Three models, each 2x slower: half of a processor-sharing slowdown.
         assert!((sharing_from_slowdowns(&[2.0, 2.0, 2.0]) - 0.5).abs() < 1e-12);
         assert_eq!(sharing_from_slowdowns(&[0.5, 0.9]), 0.0);

@@ -167,7 +167,7 @@ pub fn check_gemv(device: &Device) -> Result<Vec<(usize, usize, usize, f32)>> {
         for m in [1usize, 3, 8] {
             let x = Tensor::randn(0f32, 1.0, (m, k), device)?.to_dtype(DType::BF16)?;
             let got = x
-                .apply_op2_no_bwd(&w, &crate::cuda_kernels::Gemv)?
+                .apply_op2_no_bwd(&w, &crate::cuda_gemv::Gemv)?
                 .to_dtype(DType::F32)?;
             let want = x
                 .to_dtype(DType::F32)?
@@ -176,6 +176,66 @@ pub fn check_gemv(device: &Device) -> Result<Vec<(usize, usize, usize, f32)>> {
             let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
             out.push((m, n, k, err / scale.max(1e-6)));
         }
+    }
+    Ok(out)
+}
+
+/// The skinny matmuls with folded-in ops (`cuda_gemv`) against the separate kernels they
+/// replace, same inputs: `(what, rows, max |diff| / max |reference|)`. The arithmetic is the
+/// same, so differences are at most one bf16 rounding step.
+pub fn check_fused_gemv(device: &Device) -> Result<Vec<(&'static str, usize, f32)>> {
+    use crate::cuda_gemv::{Gemv, GemvNorm, GemvResidual, NormOutput};
+    use crate::cuda_kernels::{AddRmsNorm, SiluMul};
+    let rel = |got: &Tensor, want: &Tensor| -> Result<f32> {
+        let (got, want) = (got.to_dtype(DType::F32)?, want.to_dtype(DType::F32)?);
+        let err = (&got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
+        Ok(err / scale.max(1e-6))
+    };
+    let bf16 = |t: Tensor| t.to_dtype(DType::BF16);
+    let (hidden, inter, eps) = (1024usize, 3072usize, 1e-6f32);
+    let norm_w = bf16(Tensor::randn(1f32, 0.1, hidden, device)?)?;
+    let w_qkv = bf16(Tensor::randn(0f32, 0.03, (4096, hidden), device)?)?;
+    let b_qkv = bf16(Tensor::randn(0f32, 0.5, 4096, device)?)?;
+    let w_gu = bf16(Tensor::randn(0f32, 0.03, (2 * inter, hidden), device)?)?;
+    let w_down = bf16(Tensor::randn(0f32, 0.03, (hidden, inter), device)?)?;
+    let mut out = Vec::new();
+    for m in [1usize, 2] {
+        let resid = bf16(Tensor::randn(0f32, 1.0, (m, hidden), device)?)?;
+        let normed = resid.apply_op1_no_bwd(&AddRmsNorm {
+            weight: ptr(Some(&norm_w))?,
+            eps,
+        })?;
+        let want = normed
+            .apply_op2_no_bwd(&w_qkv, &Gemv)?
+            .broadcast_add(&b_qkv)?;
+        let got = resid.apply_op2_no_bwd(
+            &w_qkv,
+            &GemvNorm {
+                norm: ptr(Some(&norm_w))?,
+                eps,
+                output: NormOutput::Bias(ptr(Some(&b_qkv))?),
+            },
+        )?;
+        out.push(("norm + matmul + bias", m, rel(&got, &want)?));
+        let want = normed
+            .apply_op2_no_bwd(&w_gu, &Gemv)?
+            .apply_op1_no_bwd(&SiluMul)?;
+        let got = resid.apply_op2_no_bwd(
+            &w_gu,
+            &GemvNorm {
+                norm: ptr(Some(&norm_w))?,
+                eps,
+                output: NormOutput::SiluMul,
+            },
+        )?;
+        out.push(("norm + gate_up + silu*mul", m, rel(&got, &want)?));
+        let act = bf16(Tensor::randn(0f32, 1.0, (m, inter), device)?)?;
+        let want = (resid.to_dtype(DType::F32)?
+            + act.apply_op2_no_bwd(&w_down, &Gemv)?.to_dtype(DType::F32)?)?;
+        let got = resid.copy()?;
+        got.inplace_op2(&act, &GemvResidual { weight: &w_down })?;
+        out.push(("matmul + residual add", m, rel(&got, &bf16(want)?)?));
     }
     Ok(out)
 }

@@ -11,17 +11,17 @@ use candle_core::{
 };
 use half::bf16;
 
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
-const MODULE: &str = "tokenrouter_fused";
+pub(crate) const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
+pub(crate) const MODULE: &str = "tokenrouter_fused";
 /// Must match ATTN_TILE / ATTN_THREADS in fused.cu.
 const ATTN_TILE: usize = 512;
 const ATTN_THREADS: u32 = 128;
 
-fn err(msg: impl std::fmt::Display) -> candle_core::Error {
+pub(crate) fn err(msg: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Msg(format!("fused CUDA kernel: {msg}"))
 }
 
-fn cpu_unsupported(name: &str) -> Result<(CpuStorage, Shape)> {
+pub(crate) fn cpu_unsupported(name: &str) -> Result<(CpuStorage, Shape)> {
     Err(err(format!("{name} runs on CUDA only")))
 }
 
@@ -49,14 +49,14 @@ fn slice_ptr(cs: &CudaStorage, layout: &Layout) -> Result<u64> {
     Ok(base + (layout.start_offset() * cs.dtype().size_in_bytes()) as u64)
 }
 
-fn input_ptr(cs: &CudaStorage, layout: &Layout, what: &str) -> Result<u64> {
+pub(crate) fn input_ptr(cs: &CudaStorage, layout: &Layout, what: &str) -> Result<u64> {
     if !layout.is_contiguous() || cs.dtype() != DType::BF16 {
         return Err(err(format!("{what} must be contiguous bf16")));
     }
     slice_ptr(cs, layout)
 }
 
-fn alloc_bf16(
+pub(crate) fn alloc_bf16(
     dev: &CudaDevice,
     n: usize,
 ) -> Result<(
@@ -73,82 +73,19 @@ fn alloc_bf16(
 /// (references; they must match the kernel signature in fused.cu).
 macro_rules! launch {
     ($dev:expr, $name:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
-        let func = $dev.get_or_load_custom_func($name, MODULE, PTX)?;
+        let func = $dev.get_or_load_custom_func(
+            $name,
+            $crate::cuda_kernels::MODULE,
+            $crate::cuda_kernels::PTX,
+        )?;
         let mut b = func.builder();
         $( b.arg($arg); )*
         // SAFETY: argument lists match the kernel signatures in fused.cu; pointers come
         // from live tensors of the sizes the kernels index (checked by the callers).
-        unsafe { b.launch($cfg) }.map_err(|e| err(format!("{}: {e}", $name)))?;
+        unsafe { b.launch($cfg) }.map_err(|e| $crate::cuda_kernels::err(format!("{}: {e}", $name)))?;
     }};
 }
-
-/// `x W^T` for decode-sized `x` (1..=8 rows) with dense bf16 `W` `[out, in]`: a
-/// bandwidth-bound kernel instead of cuBLAS's GEMM/GEMV choice for skinny shapes.
-pub struct Gemv;
-
-/// Whether `Gemv` handles `x` (`[m, k]`) times `w^T` (`w`: `[n, k]`).
-pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let enabled =
-        *ENABLED.get_or_init(|| std::env::var("TOKENROUTER_GEMV").map_or(true, |v| v != "0"));
-    enabled
-        && x.device().is_cuda()
-        && x.dtype() == DType::BF16
-        && w.dtype() == DType::BF16
-        && x.rank() == 2
-        && w.rank() == 2
-        // cuBLAS wins from 3-4 rows on (H200, 2026-11-30: 32B step 30.0 vs 21.7 ms at 4).
-        && matches!(x.dim(0), Ok(1..=2))
-        && x.dim(1).ok() == w.dim(1).ok()
-        && x.dim(1).is_ok_and(|k| k.is_multiple_of(8))
-        && x.is_contiguous()
-        && w.is_contiguous()
-}
-
-impl CustomOp2 for Gemv {
-    fn name(&self) -> &'static str {
-        "gemv"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported("gemv")
-    }
-
-    fn cuda_fwd(
-        &self,
-        x: &CudaStorage,
-        xl: &Layout,
-        w: &CudaStorage,
-        wl: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
-        let (m, k) = xl.shape().dims2()?;
-        let (n, k2) = wl.shape().dims2()?;
-        if k != k2 || !(1..=8).contains(&m) || !k.is_multiple_of(8) {
-            return Err(err(format!("gemv shapes [{m}, {k}] x [{n}, {k2}]^T")));
-        }
-        let (x_p, w_p) = (input_ptr(x, xl, "x")?, input_ptr(w, wl, "weight")?);
-        let dev = &x.device;
-        let (out, out_p) = alloc_bf16(dev, m * n)?;
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(8) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (n_i, k_i) = (n as i32, k as i32);
-        let name = format!("gemv_bf16_m{m}");
-        launch!(dev, name.as_str(), cfg, &x_p, &w_p, &out_p, &n_i, &k_i);
-        Ok((
-            CudaStorage::wrap_cuda_slice(out, dev.clone()),
-            Shape::from((m, n)),
-        ))
-    }
-}
+pub(crate) use launch;
 
 /// `CustomOp1` for an op that only runs on CUDA, done by its inherent `cuda` method.
 macro_rules! cuda_only_op1 {

@@ -10,6 +10,8 @@ pub mod cpu_quant;
 #[cfg(feature = "cuda")]
 pub mod cuda_check;
 #[cfg(feature = "cuda")]
+pub mod cuda_gemv;
+#[cfg(feature = "cuda")]
 pub mod cuda_kernels;
 pub mod error;
 pub mod kv;

@@ -28,8 +28,8 @@ pub type Embedder = std::sync::Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor>
 pub(crate) fn matmul_t(x: &Tensor, w: &QMatMul) -> candle_core::Result<Tensor> {
     #[cfg(feature = "cuda")]
     if let QMatMul::Tensor(wt) = w {
-        if crate::cuda_kernels::gemv_applies(x, wt) {
-            return x.apply_op2_no_bwd(wt, &crate::cuda_kernels::Gemv);
+        if crate::cuda_gemv::gemv_applies(x, wt) {
+            return x.apply_op2_no_bwd(wt, &crate::cuda_gemv::Gemv);
         }
     }
     w.forward(x)
@@ -93,6 +93,15 @@ impl Linear {
             cpu: None,
             b,
         }))
+    }
+
+    /// The dense weight `[out, in]` and bias, when the weight is not quantised.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn dense(&self) -> Option<(&Tensor, Option<&Tensor>)> {
+        match &self.w {
+            QMatMul::Tensor(w) => Some((w, self.b.as_ref())),
+            _ => None,
+        }
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {

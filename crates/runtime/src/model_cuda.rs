@@ -1,19 +1,28 @@
 //! The CUDA step with our fused kernels (`cuda_kernels.rs`): per layer one fused qkv matmul,
 //! one norm+RoPE+KV-store kernel, one paged-attention kernel, the o projection, two
 //! add+RMSNorm kernels, one fused gate_up matmul, one silu*mul kernel and the down
-//! projection: 9 launches instead of ~32 candle ops. Long extend rows (first contact with a
+//! projection: 9 launches instead of ~32 candle ops; steps of 1-2 tokens fold the norms,
+//! silu*mul and residual adds into skinny matmuls (`cuda_gemv.rs`): 6 launches. Long extend rows (first contact with a
 //! long prompt) are attended with batched matmuls instead, whose cost does not grow with the
 //! square of the row length.
 
 use super::{ForwardOutput, GateUp, Qkv, Transformer};
 use crate::attention::{HeadDims, RowSpan};
 use crate::attention_device::{CachedRow, TensorKv};
+use crate::cuda_gemv::{
+    fused_gemv_enabled, GemvNorm, GemvResidual, NormOutput, FUSED_GEMV_MAX_ROWS, GEMV_NORM_MAX_K,
+};
 use crate::cuda_kernels::{
     attention_splits, ptr, AddRmsNorm, EmbedGather, NormRopeStore, PagedAttention, SiluMul,
 };
 use crate::kv::BlockTable;
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Result, Tensor};
+
+fn dense(l: &super::Linear) -> Result<(&Tensor, Option<&Tensor>)> {
+    l.dense()
+        .ok_or_else(|| candle_core::Error::Msg("fused path needs dense weights".into()))
+}
 
 /// Rows longer than this go through the matmul path.
 const KERNEL_MAX_ROW: usize = 64;
@@ -173,7 +182,9 @@ impl Transformer {
     }
 
     /// All decoder layers over embedded tokens `x` (updated in place as the residual
-    /// stream); returns the final-norm hidden state of every token.
+    /// stream); returns the final-norm hidden state of every token. Steps of 1-2 tokens take
+    /// the skinny-matmul variants with the norms, silu*mul and residual adds folded in
+    /// (6 kernels per layer instead of 10).
     pub(super) fn layers_fused(
         &self,
         x: Tensor,
@@ -181,16 +192,10 @@ impl Transformer {
         long_rows: &[CachedRow],
         caches: &[TensorKv],
     ) -> Result<Tensor> {
-        let cfg = &self.cfg;
-        let eps = cfg.rms_norm_eps as f32;
-        let dims = HeadDims {
-            num_heads: cfg.num_heads,
-            num_kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-        };
-        let (cos, sin) = self.rope_f32()?;
-        let (cos_p, sin_p) = (ptr(Some(cos))?, ptr(Some(sin))?);
-        let interleaved = self.rope.parts().3 == crate::config::RopeStyle::Interleaved;
+        if long_rows.is_empty() && self.gemv_layers_apply(m.tokens) {
+            return self.layers_gemv(x, m, caches);
+        }
+        let eps = self.cfg.rms_norm_eps as f32;
         let first_norm = self.layers.first().map_or(&self.norm, |l| &l.attn_norm);
         let mut h = x.apply_op1_no_bwd(&AddRmsNorm {
             weight: ptr(Some(first_norm))?,
@@ -204,38 +209,9 @@ impl Transformer {
                 ));
             };
             let cache = &caches[li];
-            let (k_cache, v_cache) = (ptr(Some(&cache.k))?, ptr(Some(&cache.v))?);
-            let q = qkv_proj.forward(&h)?.apply_op1_no_bwd(&NormRopeStore {
-                tokens: m.tokens,
-                num_heads: dims.num_heads,
-                num_kv_heads: dims.num_kv_heads,
-                head_dim: dims.head_dim,
-                q_norm: ptr(layer.q_norm.as_ref())?,
-                k_norm: ptr(layer.k_norm.as_ref())?,
-                eps,
-                cos: cos_p,
-                sin: sin_p,
-                pos: m.pos,
-                slots: m.slots,
-                k_cache,
-                v_cache,
-                interleaved,
-            })?;
-            let attn = q.apply_op1_no_bwd(&PagedAttention {
-                num_heads: dims.num_heads,
-                num_kv_heads: dims.num_kv_heads,
-                head_dim: dims.head_dim,
-                block_size: m.block_size,
-                max_blocks: m.max_blocks,
-                splits: m.splits,
-                k_cache,
-                v_cache,
-                block_tables: m.tables,
-                tok_row: m.tok_row,
-                pos: m.pos,
-            })?;
+            let (q, attn) = self.attend(layer, &qkv_proj.forward(&h)?, m, cache)?;
             for long in long_rows {
-                attn.slice_set(&long.attend(&q, cache, dims)?, 0, long.start)?;
+                attn.slice_set(&long.attend(&q, cache, self.head_dims())?, 0, long.start)?;
             }
             let o = layer.o.forward(&attn)?;
             h = x.apply_op2_no_bwd(
@@ -257,5 +233,113 @@ impl Transformer {
             )?;
         }
         Ok(h)
+    }
+
+    /// The skinny-matmul layers apply: 1-2 tokens, kernels on, dense weights without o/down
+    /// biases, hidden size within the norm kernel's shared memory.
+    fn gemv_layers_apply(&self, tokens: usize) -> bool {
+        (1..=FUSED_GEMV_MAX_ROWS).contains(&tokens)
+            && fused_gemv_enabled()
+            && self.cfg.hidden_size <= GEMV_NORM_MAX_K
+            && self.cfg.hidden_size.is_multiple_of(8)
+            && self.layers.iter().all(|l| {
+                matches!((&l.qkv, &l.gate_up), (Qkv::Fused(q), GateUp::Fused(g))
+                    if q.dense().is_some() && g.dense().is_some_and(|(_, b)| b.is_none()))
+                    && l.o.dense().is_some_and(|(_, b)| b.is_none())
+                    && l.down.dense().is_some_and(|(_, b)| b.is_none())
+            })
+    }
+
+    /// `layers_fused` for 1-2 tokens: per layer qkv (input norm folded in), norm+RoPE+store,
+    /// attention, o (residual add folded in), gate_up (input norm and silu*mul folded in),
+    /// down (residual add folded in).
+    fn layers_gemv(&self, x: Tensor, m: &MetaPtrs, caches: &[TensorKv]) -> Result<Tensor> {
+        let eps = self.cfg.rms_norm_eps as f32;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let (Qkv::Fused(qkv_proj), GateUp::Fused(gate_up)) = (&layer.qkv, &layer.gate_up)
+            else {
+                return Err(candle_core::Error::Msg(
+                    "fused path needs fused weights".into(),
+                ));
+            };
+            let (w_qkv, b_qkv) = dense(qkv_proj)?;
+            let qkv = x.apply_op2_no_bwd(
+                w_qkv,
+                &GemvNorm {
+                    norm: ptr(Some(&layer.attn_norm))?,
+                    eps,
+                    output: NormOutput::Bias(ptr(b_qkv)?),
+                },
+            )?;
+            let (_, attn) = self.attend(layer, &qkv, m, &caches[li])?;
+            x.inplace_op2(&attn, &GemvResidual { weight: dense(&layer.o)?.0 })?;
+            let act = x.apply_op2_no_bwd(
+                dense(gate_up)?.0,
+                &GemvNorm {
+                    norm: ptr(Some(&layer.mlp_norm))?,
+                    eps,
+                    output: NormOutput::SiluMul,
+                },
+            )?;
+            x.inplace_op2(&act, &GemvResidual { weight: dense(&layer.down)?.0 })?;
+        }
+        x.apply_op1_no_bwd(&AddRmsNorm {
+            weight: ptr(Some(&self.norm))?,
+            eps,
+        })
+    }
+
+    fn head_dims(&self) -> HeadDims {
+        HeadDims {
+            num_heads: self.cfg.num_heads,
+            num_kv_heads: self.cfg.num_kv_heads,
+            head_dim: self.cfg.head_dim,
+        }
+    }
+
+    /// q/k norm, RoPE and the K/V store of the fused `qkv` projection, then paged attention
+    /// of the kernel-attended tokens: (roped q, attention output).
+    fn attend(
+        &self,
+        layer: &super::Layer,
+        qkv: &Tensor,
+        m: &MetaPtrs,
+        cache: &TensorKv,
+    ) -> Result<(Tensor, Tensor)> {
+        let cfg = &self.cfg;
+        let dims = self.head_dims();
+        let (cos, sin) = self.rope_f32()?;
+        let interleaved = self.rope.parts().3 == crate::config::RopeStyle::Interleaved;
+        let (k_cache, v_cache) = (ptr(Some(&cache.k))?, ptr(Some(&cache.v))?);
+        let q = qkv.apply_op1_no_bwd(&NormRopeStore {
+            tokens: m.tokens,
+            num_heads: dims.num_heads,
+            num_kv_heads: dims.num_kv_heads,
+            head_dim: dims.head_dim,
+            q_norm: ptr(layer.q_norm.as_ref())?,
+            k_norm: ptr(layer.k_norm.as_ref())?,
+            eps: cfg.rms_norm_eps as f32,
+            cos: ptr(Some(cos))?,
+            sin: ptr(Some(sin))?,
+            pos: m.pos,
+            slots: m.slots,
+            k_cache,
+            v_cache,
+            interleaved,
+        })?;
+        let attn = q.apply_op1_no_bwd(&PagedAttention {
+            num_heads: dims.num_heads,
+            num_kv_heads: dims.num_kv_heads,
+            head_dim: dims.head_dim,
+            block_size: m.block_size,
+            max_blocks: m.max_blocks,
+            splits: m.splits,
+            k_cache,
+            v_cache,
+            block_tables: m.tables,
+            tok_row: m.tok_row,
+            pos: m.pos,
+        })?;
+        Ok((q, attn))
     }
 }

@@ -1,0 +1,251 @@
+//! Skinny bf16 matmuls for decode steps of 1-2 rows (a few up to 8 for the plain one), where
+//! weights are read once at close to full bandwidth and the step is bound by the number of
+//! kernels: the plain `Gemv` (`x W^T`), and variants with the neighbouring small ops folded
+//! in — RMSNorm of the residual stream as the input (`GemvNorm`: qkv with its bias, gate_up
+//! with silu*mul) and the residual add as the output (`GemvResidual`: o and down
+//! projections). Kernels in kernels/fused.cu (`gemv_*`).
+
+use crate::cuda_kernels::{alloc_bf16, cpu_unsupported, err, input_ptr, launch, ptr};
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::CudaStorage;
+use candle_core::{CpuStorage, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor};
+
+fn gemv_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("TOKENROUTER_GEMV").map_or(true, |v| v != "0"))
+}
+
+/// Whether the fused variants are on (`TOKENROUTER_FUSED_GEMV=0` turns them off, for
+/// comparison; they need the plain kernel on as well).
+pub fn fused_gemv_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    gemv_enabled()
+        && *ENABLED
+            .get_or_init(|| std::env::var("TOKENROUTER_FUSED_GEMV").map_or(true, |v| v != "0"))
+}
+
+/// Rows the fused variants take (their kernels exist for 1 and 2).
+pub const FUSED_GEMV_MAX_ROWS: usize = 2;
+/// Largest input width of `GemvNorm` (its normalised rows live in 48 KiB of shared memory).
+pub const GEMV_NORM_MAX_K: usize = 12_000;
+
+/// `x W^T` for decode-sized `x` (1..=8 rows) with dense bf16 `W` `[out, in]`: a
+/// bandwidth-bound kernel instead of cuBLAS's GEMM/GEMV choice for skinny shapes.
+pub struct Gemv;
+
+/// Whether `Gemv` handles `x` (`[m, k]`) times `w^T` (`w`: `[n, k]`).
+pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
+    gemv_enabled()
+        && x.device().is_cuda()
+        && x.dtype() == DType::BF16
+        && w.dtype() == DType::BF16
+        && x.rank() == 2
+        && w.rank() == 2
+        // cuBLAS wins from 3-4 rows on (H200, 2026-11-30: 32B step 30.0 vs 21.7 ms at 4).
+        && matches!(x.dim(0), Ok(1..=2))
+        && x.dim(1).ok() == w.dim(1).ok()
+        && x.dim(1).is_ok_and(|k| k.is_multiple_of(8))
+        && x.is_contiguous()
+        && w.is_contiguous()
+}
+
+impl CustomOp2 for Gemv {
+    fn name(&self) -> &'static str {
+        "gemv"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        cpu_unsupported("gemv")
+    }
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (m, k) = xl.shape().dims2()?;
+        let (n, k2) = wl.shape().dims2()?;
+        if k != k2 || !(1..=8).contains(&m) || !k.is_multiple_of(8) {
+            return Err(err(format!("gemv shapes [{m}, {k}] x [{n}, {k2}]^T")));
+        }
+        let (x_p, w_p) = (input_ptr(x, xl, "x")?, input_ptr(w, wl, "weight")?);
+        let dev = &x.device;
+        let (out, out_p) = alloc_bf16(dev, m * n)?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (n_i, k_i) = (n as i32, k as i32);
+        let name = format!("gemv_bf16_m{m}");
+        launch!(dev, name.as_str(), cfg, &x_p, &w_p, &out_p, &n_i, &k_i);
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((m, n)),
+        ))
+    }
+}
+
+
+/// What `GemvNorm` does after the matmul.
+#[derive(Clone, Copy, Debug)]
+pub enum NormOutput {
+    /// `[m, n]` projections, plus the bias at device address `bias` (0: none, else `[n]`).
+    Bias(u64),
+    /// `W` is a fused `[gate | up]` `[2 i, k]`; the output is `silu(gate) * up` `[m, i]`.
+    SiluMul,
+}
+
+/// `RMSNorm(resid) * norm` times `W^T`, then [`NormOutput`]: the input norm is computed by
+/// every block of the kernel instead of by a kernel of its own. Operands: the residual stream
+/// `[m, k]` (1-2 rows) and `W`.
+pub struct GemvNorm {
+    /// Device address of the norm weight `[k]` (bf16).
+    pub norm: u64,
+    pub eps: f32,
+    pub output: NormOutput,
+}
+
+impl CustomOp2 for GemvNorm {
+    fn name(&self) -> &'static str {
+        "gemv_norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        cpu_unsupported("gemv_norm")
+    }
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (m, k) = xl.shape().dims2()?;
+        let (n, k2) = wl.shape().dims2()?;
+        let cols = match self.output {
+            NormOutput::Bias(_) => n,
+            NormOutput::SiluMul => n / 2,
+        };
+        if k != k2
+            || !(1..=FUSED_GEMV_MAX_ROWS).contains(&m)
+            || !k.is_multiple_of(8)
+            || k > GEMV_NORM_MAX_K
+            || (matches!(self.output, NormOutput::SiluMul) && !n.is_multiple_of(2))
+        {
+            return Err(err(format!("gemv_norm shapes [{m}, {k}] x [{n}, {k2}]^T")));
+        }
+        let (x_p, w_p) = (input_ptr(x, xl, "x")?, input_ptr(w, wl, "weight")?);
+        let dev = &x.device;
+        let (out, out_p) = alloc_bf16(dev, m * cols)?;
+        let cfg = LaunchConfig {
+            grid_dim: (cols.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: (32 * 4 + m * k * 2) as u32,
+        };
+        let (bias, kernel) = match self.output {
+            NormOutput::Bias(b) => (b, "gemv_norm_bf16"),
+            NormOutput::SiluMul => (0, "gemv_norm_silu_bf16"),
+        };
+        let (cols_i, k_i) = (cols as i32, k as i32);
+        let name = format!("{kernel}_m{m}");
+        launch!(
+            dev,
+            name.as_str(),
+            cfg,
+            &x_p,
+            &self.norm,
+            &self.eps,
+            &w_p,
+            &bias,
+            &out_p,
+            &cols_i,
+            &k_i
+        );
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((m, cols)),
+        ))
+    }
+}
+
+/// `resid += x W^T` in place (the o and down projections with the residual add folded in).
+/// Destination: the residual stream `[m, n]` (1-2 rows); source: `x` `[m, k]`.
+pub struct GemvResidual<'a> {
+    /// `[n, k]` bf16.
+    pub weight: &'a Tensor,
+}
+
+impl InplaceOp2 for GemvResidual<'_> {
+    fn name(&self) -> &'static str {
+        "gemv_residual"
+    }
+
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<()> {
+        Err(err("gemv_residual runs on CUDA only"))
+    }
+
+    fn cuda_fwd(
+        &self,
+        resid: &mut CudaStorage,
+        rl: &Layout,
+        x: &CudaStorage,
+        xl: &Layout,
+    ) -> Result<()> {
+        let (m, n) = rl.shape().dims2()?;
+        let (m2, k) = xl.shape().dims2()?;
+        let wdims = self.weight.dims();
+        if m != m2
+            || !(1..=FUSED_GEMV_MAX_ROWS).contains(&m)
+            || !k.is_multiple_of(8)
+            || wdims != [n, k]
+            || self.weight.dtype() != DType::BF16
+        {
+            return Err(err(format!(
+                "gemv_residual shapes [{m}, {n}] += [{m2}, {k}] x {wdims:?}^T"
+            )));
+        }
+        let (r_p, x_p, w_p) = (
+            input_ptr(resid, rl, "residual")?,
+            input_ptr(x, xl, "x")?,
+            ptr(Some(self.weight))?,
+        );
+        let dev = &x.device;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (null, eps, n_i, k_i) = (0u64, 0f32, n as i32, k as i32);
+        let name = format!("gemv_resid_bf16_m{m}");
+        launch!(
+            dev,
+            name.as_str(),
+            cfg,
+            &x_p,
+            &null,
+            &eps,
+            &w_p,
+            &null,
+            &r_p,
+            &n_i,
+            &k_i
+        );
+        Ok(())
+    }
+}
