@@ -12,7 +12,8 @@
 #      without the folded skinny matmuls, for comparison;
 #   5. end-to-end routing throughput (scripts/gpu_routing.py: serve + bench, random p = 0.35).
 # Logs go to $OUT; a short table is printed last. STEPS picks sections (default all:
-# "check fused ours hf routing"); ROUTING_ARGS is passed to gpu_routing.py.
+# "check fused ours hf routing"; also "profile": GPU time per kernel of eager 1-2 row decode
+# steps); ROUTING_ARGS is passed to gpu_routing.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
@@ -42,6 +43,14 @@ TOKENROUTER_CUDA_GRAPHS=0 timeout 100 $RUN bench-model --random-weights config/s
 TOKENROUTER_FUSED_KERNELS=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,4,16 2>&1 | tee $OUT/plain_0.6b.txt | grep '^|'
 TOKENROUTER_FUSED_GEMV=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,2 2>&1 | tee $OUT/nofold_0.6b.txt | grep '^|'
 TOKENROUTER_FUSED_GEMV=0 timeout 120 $RUN bench-model --random-weights config/shapes/qwen3-32b.json --device cuda:0 --batches 1,2 --decode-tokens 10 --prefill-tokens 64 2>&1 | tee $OUT/nofold_32b.txt | grep '^|'
+fi
+
+if has profile; then
+echo "== 6. GPU time per kernel of one eager decode step (1 and 2 rows)"
+for m in qwen3-0.6b qwen3-32b; do
+  timeout 150 $RUN bench-model --random-weights config/shapes/$m.json --device cuda:0 --batches 1,2 --decode-tokens 5 --prefill-tokens 64 --op-profile 2>&1 | tee $OUT/profile_$m.txt | grep '^|'
+done
+TOKENROUTER_FOLD_NORM_MAX_K=99999 timeout 150 $RUN bench-model --random-weights config/shapes/qwen3-32b.json --device cuda:0 --batches 1,2 --decode-tokens 10 --prefill-tokens 64 --op-profile 2>&1 | tee $OUT/profile_32b_foldnorm.txt | grep '^|'
 fi
 
 if has ours; then

@@ -161,6 +161,8 @@ pub struct RandomBench<'a> {
     pub steps: usize,
     pub prefill: usize,
     pub ceilings: bool,
+    /// GPU time per kernel of one eager decode step at each batch size <= 2.
+    pub op_profile: bool,
 }
 
 pub fn run_random(b: RandomBench) -> Result<()> {
@@ -239,6 +241,12 @@ pub fn run_random(b: RandomBench) -> Result<()> {
             r.truncate(s, b.context);
         }
         res.push((bs, median(t) * 1e3));
+    }
+    if b.op_profile {
+        #[cfg(feature = "cuda")]
+        crate::fused_check::op_profile(&mut r, &dev, &seqs, &[1, 2])?;
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--op-profile needs a build with the cuda feature");
     }
     println!("| {name} | step ms | tok/s | x floor |\n|---|---|---|---|");
     for (bs, ms) in &res {

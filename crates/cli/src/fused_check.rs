@@ -156,3 +156,46 @@ fn run_script(config: &Path, dev: &candle_core::Device, fused: bool) -> Result<V
     }
     Ok(out)
 }
+
+/// `bench-model --random-weights CONFIG --op-profile`: GPU time per kernel of one eager
+/// decode step of each batch size (CUDA graphs off, so every launch can be timed; the device
+/// is kept busy by a large matmul while the step is enqueued, so host launch gaps do not
+/// count). Sequences `seqs` must hold a cached context.
+#[cfg(feature = "cuda")]
+pub fn op_profile(
+    r: &mut tokenrouter_runtime::Runner,
+    dev: &candle_core::Device,
+    seqs: &[u64],
+    batches: &[usize],
+) -> Result<()> {
+    use tokenrouter_runtime::{cuda_profile, Row, StepOptions};
+    let cuda = dev.as_cuda_device()?;
+    let busy = candle_core::Tensor::ones((8192, 8192), candle_core::DType::BF16, dev)?;
+    r.set_cuda_graphs(false);
+    for &bs in batches.iter().filter(|&&b| b <= seqs.len()) {
+        let rows = |step: u32| -> Vec<Row> {
+            seqs[..bs]
+                .iter()
+                .map(|&s| Row::new(s, vec![1000 + step + s as u32]))
+                .collect()
+        };
+        r.step(&rows(0), StepOptions::default())?;
+        for _ in 0..4 {
+            busy.matmul(&busy)?;
+        }
+        cuda_profile::start()?;
+        r.step(&rows(1), StepOptions::default())?;
+        let (ops, total) = cuda_profile::finish(cuda)?;
+        println!("| op (batch {bs}, eager) | launches | total us | us per launch |\n|---|---|---|---|");
+        for (name, n, ms) in &ops {
+            println!("| {name} | {n} | {:.1} | {:.2} |", ms * 1e3, ms * 1e3 / *n as f64);
+        }
+        println!("| all (GPU time, first launch to end) | - | {:.1} | - |", total * 1e3);
+        for &s in &seqs[..bs] {
+            let len = r.seq_len(s).unwrap_or(2);
+            r.truncate(s, len.saturating_sub(2));
+        }
+    }
+    r.set_cuda_graphs(true);
+    Ok(())
+}

@@ -45,6 +45,10 @@ pub struct ModelBenchArgs {
     /// Also measure copy bandwidth and bf16 GEMM ceilings (with --random-weights).
     #[arg(long)]
     ceilings: bool,
+    /// GPU time per kernel of an eager decode step of 1 and 2 rows (with --random-weights,
+    /// CUDA builds).
+    #[arg(long)]
+    op_profile: bool,
     /// Prompt length for the decode runs.
     #[arg(long, default_value_t = 64)]
     prompt_tokens: usize,
@@ -87,6 +91,7 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
             steps: a.decode_tokens.min(20),
             prefill: a.prefill_tokens,
             ceilings: a.ceilings,
+            op_profile: a.op_profile,
         });
     }
     if let Some(cfg) = &a.check_fused {

@@ -383,7 +383,8 @@ GEMV(8)
 //   OUT_RESID: resid[m, n] += bf16(acc), in place (each n belongs to one warp);
 //   OUT_SILU: the warp computes gate row n and up row cols + n of the fused [gate | up]
 //             weight; y = bf16(silu(gate) * up) with silu_mul_bf16's rounding.
-// grid (ceil(cols / 8)), block 256, shared: IN_NORM (32 floats + M * k bf16), else 0.
+// grid <= ceil(cols / 8) (columns grid-stride), block 256, shared: IN_NORM (32 floats +
+// M * k bf16), else 0.
 #define IN_PLAIN 0
 #define IN_NORM 1
 #define OUT_BIAS 0
@@ -439,40 +440,41 @@ __device__ void gemv_fused(const bf16* __restrict__ x, const bf16* __restrict__ 
         xin = xs;
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n = blockIdx.x * 8 + warp;
-    if (n >= cols) return;
     const int chunks = k / 8;
-    float acc[M], acc2[M];
+    // Columns grid-stride, so a grid of a few blocks per SM pays the norm prologue once.
+    for (int n = blockIdx.x * 8 + warp; n < cols; n += gridDim.x * 8) {
+        float acc[M], acc2[M];
 #pragma unroll
-    for (int m = 0; m < M; m++) acc[m] = acc2[m] = 0.f;
-    const uint4* wr = reinterpret_cast<const uint4*>(w + (long long)n * k);
-    const uint4* wr2 = reinterpret_cast<const uint4*>(w + (long long)(cols + n) * k);
+        for (int m = 0; m < M; m++) acc[m] = acc2[m] = 0.f;
+        const uint4* wr = reinterpret_cast<const uint4*>(w + (long long)n * k);
+        const uint4* wr2 = reinterpret_cast<const uint4*>(w + (long long)(cols + n) * k);
 #pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {
-        const uint4 wv = wr[c];
-        if (OUT == OUT_SILU) {
-            const uint4 wv2 = wr2[c];
-            dot_chunk<M>(wv, xin, k, c, acc);
-            dot_chunk<M>(wv2, xin, k, c, acc2);
-        } else {
-            dot_chunk<M>(wv, xin, k, c, acc);
+        for (int c = lane; c < chunks; c += 32) {
+            const uint4 wv = wr[c];
+            if (OUT == OUT_SILU) {
+                const uint4 wv2 = wr2[c];
+                dot_chunk<M>(wv, xin, k, c, acc);
+                dot_chunk<M>(wv2, xin, k, c, acc2);
+            } else {
+                dot_chunk<M>(wv, xin, k, c, acc);
+            }
         }
-    }
 #pragma unroll
-    for (int m = 0; m < M; m++) {
-        const float v = warp_sum(acc[m]);
-        const float v2 = OUT == OUT_SILU ? warp_sum(acc2[m]) : 0.f;
-        if (lane != 0) continue;
-        const long long o = (long long)m * cols + n;
-        if (OUT == OUT_BIAS) {
-            float r = round_bf16(v);
-            if (bias != nullptr) r += __bfloat162float(bias[n]);
-            y[o] = __float2bfloat16(r);
-        } else if (OUT == OUT_RESID) {
-            y[o] = __float2bfloat16(__bfloat162float(y[o]) + round_bf16(v));
-        } else {
-            const float g = round_bf16(v), u = round_bf16(v2);
-            y[o] = __float2bfloat16(round_bf16(g / (1.f + __expf(-g))) * u);
+        for (int m = 0; m < M; m++) {
+            const float v = warp_sum(acc[m]);
+            const float v2 = OUT == OUT_SILU ? warp_sum(acc2[m]) : 0.f;
+            if (lane != 0) continue;
+            const long long o = (long long)m * cols + n;
+            if (OUT == OUT_BIAS) {
+                float r = round_bf16(v);
+                if (bias != nullptr) r += __bfloat162float(bias[n]);
+                y[o] = __float2bfloat16(r);
+            } else if (OUT == OUT_RESID) {
+                y[o] = __float2bfloat16(__bfloat162float(y[o]) + round_bf16(v));
+            } else {
+                const float g = round_bf16(v), u = round_bf16(v2);
+                y[o] = __float2bfloat16(round_bf16(g / (1.f + __expf(-g))) * u);
+            }
         }
     }
 }
@@ -489,5 +491,7 @@ GEMV_FUSED(1, IN_NORM, OUT_BIAS, gemv_norm_bf16)
 GEMV_FUSED(2, IN_NORM, OUT_BIAS, gemv_norm_bf16)
 GEMV_FUSED(1, IN_NORM, OUT_SILU, gemv_norm_silu_bf16)
 GEMV_FUSED(2, IN_NORM, OUT_SILU, gemv_norm_silu_bf16)
+GEMV_FUSED(1, IN_PLAIN, OUT_SILU, gemv_silu_bf16)
+GEMV_FUSED(2, IN_PLAIN, OUT_SILU, gemv_silu_bf16)
 GEMV_FUSED(1, IN_PLAIN, OUT_RESID, gemv_resid_bf16)
 GEMV_FUSED(2, IN_PLAIN, OUT_RESID, gemv_resid_bf16)

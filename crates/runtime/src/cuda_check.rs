@@ -184,7 +184,7 @@ pub fn check_gemv(device: &Device) -> Result<Vec<(usize, usize, usize, f32)>> {
 /// replace, same inputs: `(what, rows, max |diff| / max |reference|)`. The arithmetic is the
 /// same, so differences are at most one bf16 rounding step.
 pub fn check_fused_gemv(device: &Device) -> Result<Vec<(&'static str, usize, f32)>> {
-    use crate::cuda_gemv::{Gemv, GemvNorm, GemvResidual, NormOutput};
+    use crate::cuda_gemv::{Gemv, GemvFolded, GemvResidual, NormOutput};
     use crate::cuda_kernels::{AddRmsNorm, SiluMul};
     let rel = |got: &Tensor, want: &Tensor| -> Result<f32> {
         let (got, want) = (got.to_dtype(DType::F32)?, want.to_dtype(DType::F32)?);
@@ -211,8 +211,8 @@ pub fn check_fused_gemv(device: &Device) -> Result<Vec<(&'static str, usize, f32
             .broadcast_add(&b_qkv)?;
         let got = resid.apply_op2_no_bwd(
             &w_qkv,
-            &GemvNorm {
-                norm: ptr(Some(&norm_w))?,
+            &GemvFolded {
+                norm: Some(ptr(Some(&norm_w))?),
                 eps,
                 output: NormOutput::Bias(ptr(Some(&b_qkv))?),
             },
@@ -223,13 +223,22 @@ pub fn check_fused_gemv(device: &Device) -> Result<Vec<(&'static str, usize, f32
             .apply_op1_no_bwd(&SiluMul)?;
         let got = resid.apply_op2_no_bwd(
             &w_gu,
-            &GemvNorm {
-                norm: ptr(Some(&norm_w))?,
+            &GemvFolded {
+                norm: Some(ptr(Some(&norm_w))?),
                 eps,
                 output: NormOutput::SiluMul,
             },
         )?;
         out.push(("norm + gate_up + silu*mul", m, rel(&got, &want)?));
+        let got = normed.apply_op2_no_bwd(
+            &w_gu,
+            &GemvFolded {
+                norm: None,
+                eps,
+                output: NormOutput::SiluMul,
+            },
+        )?;
+        out.push(("gate_up + silu*mul", m, rel(&got, &want)?));
         let act = bf16(Tensor::randn(0f32, 1.0, (m, inter), device)?)?;
         let want = (resid.to_dtype(DType::F32)?
             + act.apply_op2_no_bwd(&w_down, &Gemv)?.to_dtype(DType::F32)?)?;

@@ -1,11 +1,12 @@
 //! Skinny bf16 matmuls for decode steps of 1-2 rows (a few up to 8 for the plain one), where
 //! weights are read once at close to full bandwidth and the step is bound by the number of
 //! kernels: the plain `Gemv` (`x W^T`), and variants with the neighbouring small ops folded
-//! in — RMSNorm of the residual stream as the input (`GemvNorm`: qkv with its bias, gate_up
-//! with silu*mul) and the residual add as the output (`GemvResidual`: o and down
-//! projections). Kernels in kernels/fused.cu (`gemv_*`).
+//! in — RMSNorm of the residual stream as the input and silu*mul or the bias as the output
+//! (`GemvFolded`: qkv, gate_up) and the residual add as the output (`GemvResidual`: o and
+//! down projections). Kernels in kernels/fused.cu (`gemv_*`).
 
 use crate::cuda_kernels::{alloc_bf16, cpu_unsupported, err, input_ptr, launch, ptr};
+use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaStorage;
 use candle_core::{CpuStorage, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor};
@@ -26,7 +27,7 @@ pub fn fused_gemv_enabled() -> bool {
 
 /// Rows the fused variants take (their kernels exist for 1 and 2).
 pub const FUSED_GEMV_MAX_ROWS: usize = 2;
-/// Largest input width of `GemvNorm` (its normalised rows live in 48 KiB of shared memory).
+/// Largest input width of the folded norm (its normalised rows live in 48 KiB of shared memory).
 pub const GEMV_NORM_MAX_K: usize = 12_000;
 
 /// `x W^T` for decode-sized `x` (1..=8 rows) with dense bf16 `W` `[out, in]`: a
@@ -95,7 +96,7 @@ impl CustomOp2 for Gemv {
 }
 
 
-/// What `GemvNorm` does after the matmul.
+/// What `GemvFolded` does after the matmul.
 #[derive(Clone, Copy, Debug)]
 pub enum NormOutput {
     /// `[m, n]` projections, plus the bias at device address `bias` (0: none, else `[n]`).
@@ -104,19 +105,36 @@ pub enum NormOutput {
     SiluMul,
 }
 
-/// `RMSNorm(resid) * norm` times `W^T`, then [`NormOutput`]: the input norm is computed by
-/// every block of the kernel instead of by a kernel of its own. Operands: the residual stream
-/// `[m, k]` (1-2 rows) and `W`.
-pub struct GemvNorm {
-    /// Device address of the norm weight `[k]` (bf16).
-    pub norm: u64,
+/// `x W^T` then [`NormOutput`], where with `norm` the input is `RMSNorm(x) * norm` computed
+/// by every block of the kernel instead of by a kernel of its own (`x`: the residual
+/// stream). Operands: `x` `[m, k]` (1-2 rows) and `W`. Without `norm` only `SiluMul` applies.
+pub struct GemvFolded {
+    /// Device address of the input norm's weight `[k]` (bf16).
+    pub norm: Option<u64>,
     pub eps: f32,
     pub output: NormOutput,
 }
 
-impl CustomOp2 for GemvNorm {
+/// Whether the input norm is folded into the skinny matmuls of a model with this hidden
+/// size: every block recomputes the norm, which pays for the saved launch only while the
+/// row is short (`TOKENROUTER_FOLD_NORM_MAX_K`, default 4096).
+pub fn fold_norm(hidden: usize) -> bool {
+    static MAX_K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let max_k = *MAX_K.get_or_init(|| {
+        std::env::var("TOKENROUTER_FOLD_NORM_MAX_K")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4096)
+    });
+    hidden <= max_k.min(GEMV_NORM_MAX_K)
+}
+
+/// Blocks of 256 threads resident per SM that a column-striding kernel is given.
+const BLOCKS_PER_SM: usize = 4;
+
+impl CustomOp2 for GemvFolded {
     fn name(&self) -> &'static str {
-        "gemv_norm"
+        "gemv_folded"
     }
 
     fn cpu_fwd(
@@ -126,7 +144,7 @@ impl CustomOp2 for GemvNorm {
         _: &CpuStorage,
         _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported("gemv_norm")
+        cpu_unsupported("gemv_folded")
     }
 
     fn cuda_fwd(
@@ -145,23 +163,39 @@ impl CustomOp2 for GemvNorm {
         if k != k2
             || !(1..=FUSED_GEMV_MAX_ROWS).contains(&m)
             || !k.is_multiple_of(8)
-            || k > GEMV_NORM_MAX_K
+            || (self.norm.is_some() && k > GEMV_NORM_MAX_K)
+            || (self.norm.is_none() && !matches!(self.output, NormOutput::SiluMul))
             || (matches!(self.output, NormOutput::SiluMul) && !n.is_multiple_of(2))
         {
-            return Err(err(format!("gemv_norm shapes [{m}, {k}] x [{n}, {k2}]^T")));
+            return Err(err(format!("gemv_folded shapes [{m}, {k}] x [{n}, {k2}]^T")));
         }
         let (x_p, w_p) = (input_ptr(x, xl, "x")?, input_ptr(w, wl, "weight")?);
         let dev = &x.device;
         let (out, out_p) = alloc_bf16(dev, m * cols)?;
+        let mut blocks = cols.div_ceil(8);
+        if self.norm.is_some() {
+            let sms = dev
+                .cuda_stream()
+                .context()
+                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(|e| err(format!("SM count: {e}")))?;
+            blocks = blocks.min(BLOCKS_PER_SM * sms.max(1) as usize);
+        }
         let cfg = LaunchConfig {
-            grid_dim: (cols.div_ceil(8) as u32, 1, 1),
+            grid_dim: (blocks as u32, 1, 1),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: (32 * 4 + m * k * 2) as u32,
+            shared_mem_bytes: if self.norm.is_some() {
+                (32 * 4 + m * k * 2) as u32
+            } else {
+                0
+            },
         };
-        let (bias, kernel) = match self.output {
-            NormOutput::Bias(b) => (b, "gemv_norm_bf16"),
-            NormOutput::SiluMul => (0, "gemv_norm_silu_bf16"),
+        let (bias, kernel) = match (self.norm, self.output) {
+            (Some(_), NormOutput::Bias(b)) => (b, "gemv_norm_bf16"),
+            (Some(_), NormOutput::SiluMul) => (0, "gemv_norm_silu_bf16"),
+            (None, _) => (0, "gemv_silu_bf16"),
         };
+        let norm = self.norm.unwrap_or(0);
         let (cols_i, k_i) = (cols as i32, k as i32);
         let name = format!("{kernel}_m{m}");
         launch!(
@@ -169,7 +203,7 @@ impl CustomOp2 for GemvNorm {
             name.as_str(),
             cfg,
             &x_p,
-            &self.norm,
+            &norm,
             &self.eps,
             &w_p,
             &bias,

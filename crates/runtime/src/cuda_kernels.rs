@@ -78,6 +78,7 @@ macro_rules! launch {
             $crate::cuda_kernels::MODULE,
             $crate::cuda_kernels::PTX,
         )?;
+        $crate::cuda_profile::mark($dev, $name)?;
         let mut b = func.builder();
         $( b.arg($arg); )*
         // SAFETY: argument lists match the kernel signatures in fused.cu; pointers come

@@ -13,6 +13,8 @@ pub mod cuda_check;
 pub mod cuda_gemv;
 #[cfg(feature = "cuda")]
 pub mod cuda_kernels;
+#[cfg(feature = "cuda")]
+pub mod cuda_profile;
 pub mod error;
 pub mod kv;
 pub mod load;

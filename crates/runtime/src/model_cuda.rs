@@ -10,7 +10,8 @@ use super::{ForwardOutput, GateUp, Qkv, Transformer};
 use crate::attention::{HeadDims, RowSpan};
 use crate::attention_device::{CachedRow, TensorKv};
 use crate::cuda_gemv::{
-    fused_gemv_enabled, GemvNorm, GemvResidual, NormOutput, FUSED_GEMV_MAX_ROWS, GEMV_NORM_MAX_K,
+    fold_norm, fused_gemv_enabled, Gemv, GemvFolded, GemvResidual, NormOutput,
+    FUSED_GEMV_MAX_ROWS, GEMV_NORM_MAX_K,
 };
 use crate::cuda_kernels::{
     attention_splits, ptr, AddRmsNorm, EmbedGather, NormRopeStore, PagedAttention, SiluMul,
@@ -252,9 +253,39 @@ impl Transformer {
 
     /// `layers_fused` for 1-2 tokens: per layer qkv (input norm folded in), norm+RoPE+store,
     /// attention, o (residual add folded in), gate_up (input norm and silu*mul folded in),
-    /// down (residual add folded in).
+    /// down (residual add folded in). For wide hidden sizes the input norms stay kernels of
+    /// their own (see `fold_norm`).
     fn layers_gemv(&self, x: Tensor, m: &MetaPtrs, caches: &[TensorKv]) -> Result<Tensor> {
         let eps = self.cfg.rms_norm_eps as f32;
+        let fold = fold_norm(self.cfg.hidden_size);
+        // `norm(x) W^T` then `output`: one kernel, or a norm kernel and the matmul.
+        let normed_matmul = |norm: &Tensor, w: &Tensor, output: NormOutput| -> Result<Tensor> {
+            if fold {
+                return x.apply_op2_no_bwd(
+                    w,
+                    &GemvFolded {
+                        norm: Some(ptr(Some(norm))?),
+                        eps,
+                        output,
+                    },
+                );
+            }
+            let h = x.apply_op1_no_bwd(&AddRmsNorm {
+                weight: ptr(Some(norm))?,
+                eps,
+            })?;
+            match output {
+                NormOutput::SiluMul => h.apply_op2_no_bwd(
+                    w,
+                    &GemvFolded {
+                        norm: None,
+                        eps,
+                        output,
+                    },
+                ),
+                NormOutput::Bias(_) => h.apply_op2_no_bwd(w, &Gemv),
+            }
+        };
         for (li, layer) in self.layers.iter().enumerate() {
             let (Qkv::Fused(qkv_proj), GateUp::Fused(gate_up)) = (&layer.qkv, &layer.gate_up)
             else {
@@ -263,24 +294,13 @@ impl Transformer {
                 ));
             };
             let (w_qkv, b_qkv) = dense(qkv_proj)?;
-            let qkv = x.apply_op2_no_bwd(
-                w_qkv,
-                &GemvNorm {
-                    norm: ptr(Some(&layer.attn_norm))?,
-                    eps,
-                    output: NormOutput::Bias(ptr(b_qkv)?),
-                },
-            )?;
+            let mut qkv = normed_matmul(&layer.attn_norm, w_qkv, NormOutput::Bias(ptr(b_qkv)?))?;
+            if let (Some(b), false) = (b_qkv, fold) {
+                qkv = qkv.broadcast_add(b)?;
+            }
             let (_, attn) = self.attend(layer, &qkv, m, &caches[li])?;
             x.inplace_op2(&attn, &GemvResidual { weight: dense(&layer.o)?.0 })?;
-            let act = x.apply_op2_no_bwd(
-                dense(gate_up)?.0,
-                &GemvNorm {
-                    norm: ptr(Some(&layer.mlp_norm))?,
-                    eps,
-                    output: NormOutput::SiluMul,
-                },
-            )?;
+            let act = normed_matmul(&layer.mlp_norm, dense(gate_up)?.0, NormOutput::SiluMul)?;
             x.inplace_op2(&act, &GemvResidual { weight: dense(&layer.down)?.0 })?;
         }
         x.apply_op1_no_bwd(&AddRmsNorm {
