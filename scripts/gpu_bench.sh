@@ -6,14 +6,14 @@
 #      Qwen3-0.6B and Qwen3-32B shapes (random weights made on the GPU), with the copy / GEMM
 #      ceilings and the weight-read floor measured in the same process;
 #   3. the HF transformers eager reference (torch_reference_eager.py) for the same shapes.
-#   4. the fused-kernel check (paged attention vs dense f32 reference, skinny matmuls with
-#      folded-in norms/silu/residual adds vs the separate kernels, fused vs plain logits) and
-#      the 0.6B step with the fused kernels off / CUDA graphs off, both models' 1-2 row steps
-#      without the folded skinny matmuls, for comparison;
+#   4. "fused": the fused-kernel check (paged attention vs dense f32 reference, skinny
+#      matmuls with folded-in norms/silu/residual adds vs the separate kernels, fused vs plain
+#      logits); "ablate": the 0.6B step with CUDA graphs / fused kernels / the per-group
+#      attention kernel / the folded skinny matmuls off, for comparison;
 #   5. end-to-end routing throughput (scripts/gpu_routing.py: serve + bench, random p = 0.35).
 # Logs go to $OUT; a short table is printed last. STEPS picks sections (default all:
-# "check fused ours hf routing"; also "profile": GPU time per kernel of eager 1-2 row decode
-# steps); ROUTING_ARGS is passed to gpu_routing.py.
+# "check fused ablate profile ours hf routing"; "profile": GPU time per kernel of eager 1-2
+# row decode steps of PROFILE_MODELS); ROUTING_ARGS is passed to gpu_routing.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
@@ -25,7 +25,7 @@ RUN="bash $G/run-on-gpu.sh $BIN"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/env.txt
 
-STEPS=${STEPS:-check fused ours hf routing}
+STEPS=${STEPS:-check fused ablate profile ours hf routing}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
 if has check; then
@@ -37,20 +37,23 @@ python3 scripts/gpu_check_hf.py compare $CK 2>&1 | grep -v Warning | tee $OUT/ch
 fi
 
 if has fused; then
-echo "== 4. fused kernels: check, and the 0.6B step without them / without graphs"
+echo "== 4. fused kernels: checks against references"
 timeout 120 $RUN bench-model --check-fused config/shapes/qwen3-0.6b.json --device cuda:0 2>&1 | tee $OUT/check_fused.txt | grep -v '^== ldd\|^== LD\|lib'
+fi
+
+if has ablate; then
+echo "== 4b. the 0.6B step without graphs / fused kernels / per-group attention, 1-2 rows without folded skinny matmuls"
 TOKENROUTER_CUDA_GRAPHS=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,4,16 2>&1 | tee $OUT/nographs_0.6b.txt | grep '^|'
 TOKENROUTER_FUSED_KERNELS=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,4,16 2>&1 | tee $OUT/plain_0.6b.txt | grep '^|'
+TOKENROUTER_ATTN_TILES=1 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,4,16 2>&1 | tee $OUT/tiles_0.6b.txt | grep '^|'
 TOKENROUTER_FUSED_GEMV=0 timeout 100 $RUN bench-model --random-weights config/shapes/qwen3-0.6b.json --device cuda:0 --batches 1,2 2>&1 | tee $OUT/nofold_0.6b.txt | grep '^|'
-TOKENROUTER_FUSED_GEMV=0 timeout 120 $RUN bench-model --random-weights config/shapes/qwen3-32b.json --device cuda:0 --batches 1,2 --decode-tokens 10 --prefill-tokens 64 2>&1 | tee $OUT/nofold_32b.txt | grep '^|'
 fi
 
 if has profile; then
 echo "== 6. GPU time per kernel of one eager decode step (1 and 2 rows)"
-for m in qwen3-0.6b qwen3-32b; do
+for m in ${PROFILE_MODELS:-qwen3-0.6b qwen3-32b}; do
   timeout 150 $RUN bench-model --random-weights config/shapes/$m.json --device cuda:0 --batches 1,2 --decode-tokens 5 --prefill-tokens 64 --op-profile 2>&1 | tee $OUT/profile_$m.txt | grep '^|'
 done
-TOKENROUTER_FOLD_NORM_MAX_K=99999 timeout 150 $RUN bench-model --random-weights config/shapes/qwen3-32b.json --device cuda:0 --batches 1,2 --decode-tokens 10 --prefill-tokens 64 --op-profile 2>&1 | tee $OUT/profile_32b_foldnorm.txt | grep '^|'
 fi
 
 if has ours; then

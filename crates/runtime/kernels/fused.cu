@@ -243,6 +243,132 @@ extern "C" __global__ void paged_attention_partial_bf16(
     }
 }
 
+// Pass 1 without tiles (the default): each group of hd/8 lanes owns every kg_n-th key of the
+// split's chunk and keeps its own online softmax in registers, loading ATTN_UNROLL keys' K
+// and V rows at once, so a short chunk costs about one memory latency instead of a
+// sequence of tile phases with block-wide reductions; the groups are merged once at the
+// end. Same grid, arguments and outputs as paged_attention_partial_bf16; shared:
+// kg_n * (hd + 2) floats.
+#define ATTN_UNROLL 8
+extern "C" __global__ void paged_attention_split_bf16(
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
+    const int* __restrict__ tok_row, const int* __restrict__ pos, float* __restrict__ part_ml,
+    float* __restrict__ part_acc, int nh, int nkv, int hd, int block_size, float scale,
+    int splits) {
+    const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
+    const int row = tok_row[t];
+    if (row < 0) return;
+    const int n = pos[t] + 1;
+    int chunk = (n + splits - 1) / splits;
+    chunk = max(ATTN_CHUNK_MIN, (chunk + 15) & ~15);
+    const int k0 = s * chunk, k1 = min(n, k0 + chunk);
+    const long long pidx = ((long long)t * nh + h) * splits + s;
+    if (k0 >= k1) {
+        if (tid == 0) {
+            part_ml[2 * pidx] = -INFINITY;
+            part_ml[2 * pidx + 1] = 0.f;
+        }
+        return;
+    }
+    const int kvh = h / (nh / nkv);
+    const int tpr = hd / 8;
+    const int kg_n = ATTN_THREADS / tpr;
+    const int kg = tid / tpr, ld = tid % tpr;
+    extern __shared__ float smem[];
+    float* red = smem;                 // kg_n * hd
+    float* gml = smem + kg_n * hd;     // kg_n * 2
+    const long long kv_row = (long long)nkv * hd;
+    const int* bt = block_tables + (long long)row * max_blocks;
+    const long long head_off = (long long)kvh * hd + ld * 8;
+    float qr[8];
+    {
+        const uint4 raw = *reinterpret_cast<const uint4*>(q + ((long long)t * nh + h) * hd + ld * 8);
+        const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 f = __bfloat1622float2(q2[e]);
+            qr[2 * e] = f.x * scale;
+            qr[2 * e + 1] = f.y * scale;
+        }
+    }
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    // Trip count uniform over the block: every lane takes part in the shuffles.
+    for (int jb = k0; jb < k1; jb += kg_n * ATTN_UNROLL) {
+        uint4 kr[ATTN_UNROLL], vr[ATTN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            const int p = jb + kg + u * kg_n;
+            if (p < k1) {
+                const long long slot = (long long)bt[p / block_size] * block_size + p % block_size;
+                kr[u] = *reinterpret_cast<const uint4*>(k_cache + slot * kv_row + head_off);
+                vr[u] = *reinterpret_cast<const uint4*>(v_cache + slot * kv_row + head_off);
+            } else {
+                kr[u] = make_uint4(0, 0, 0, 0);
+                vr[u] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        float sc[ATTN_UNROLL];
+        float mx = m;
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kr[u]);
+            float part = 0.f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 f = __bfloat1622float2(k2[e]);
+                part += qr[2 * e] * f.x + qr[2 * e + 1] * f.y;
+            }
+            for (int o = tpr / 2; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffff, part, o);
+            sc[u] = jb + kg + u * kg_n < k1 ? part : -INFINITY;
+            mx = fmaxf(mx, sc[u]);
+        }
+        if (mx == -INFINITY) continue;  // this group has no key in this pass
+        const float corr = __expf(m - mx);
+        l *= corr;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] *= corr;
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            const float pu = __expf(sc[u] - mx);
+            l += pu;
+            const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&vr[u]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 f = __bfloat1622float2(v2[e]);
+                acc[2 * e] += pu * f.x;
+                acc[2 * e + 1] += pu * f.y;
+            }
+        }
+        m = mx;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) red[kg * hd + ld * 8 + e] = acc[e];
+    if (ld == 0) {
+        gml[2 * kg] = m;
+        gml[2 * kg + 1] = l;
+    }
+    __syncthreads();
+    float mt = -INFINITY;
+    for (int g = 0; g < kg_n; g++) mt = fmaxf(mt, gml[2 * g]);
+    for (int i = tid; i < hd; i += ATTN_THREADS) {
+        float sum = 0.f;
+        for (int g = 0; g < kg_n; g++)
+            if (gml[2 * g] > -INFINITY) sum += red[g * hd + i] * __expf(gml[2 * g] - mt);
+        part_acc[pidx * hd + i] = sum;
+    }
+    if (tid == 0) {
+        float lt = 0.f;
+        for (int g = 0; g < kg_n; g++)
+            if (gml[2 * g] > -INFINITY) lt += gml[2 * g + 1] * __expf(gml[2 * g] - mt);
+        part_ml[2 * pidx] = mt;
+        part_ml[2 * pidx + 1] = lt;
+    }
+}
+
 // Pass 2: combine the splits of each (token, head). grid (tokens, nh), block 128.
 extern "C" __global__ void paged_attention_combine_bf16(
     const int* __restrict__ tok_row, const float* __restrict__ part_ml,

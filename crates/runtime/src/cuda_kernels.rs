@@ -238,6 +238,13 @@ pub struct PagedAttention {
     pub pos: u64,
 }
 
+/// The first pass of attention with score tiles and block-wide reductions (the first
+/// kernel, `TOKENROUTER_ATTN_TILES=1`) instead of per-group online softmax (default).
+fn tiled_attention() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TOKENROUTER_ATTN_TILES").is_ok_and(|v| v == "1"))
+}
+
 /// Whether the attention kernels handle this head size (16-byte loads, lanes per key row a
 /// power of two within a warp).
 pub fn head_dim_supported(hd: usize) -> bool {
@@ -291,10 +298,15 @@ impl PagedAttention {
             part_acc.device_ptr(&stream).0,
         );
         let key_groups = ATTN_THREADS as usize / (hd / 8);
+        let (kernel, smem_floats) = if tiled_attention() {
+            ("paged_attention_partial_bf16", 2 * ATTN_TILE + 32 + key_groups * hd)
+        } else {
+            ("paged_attention_split_bf16", key_groups * (hd + 2))
+        };
         let cfg = LaunchConfig {
             grid_dim: (t as u32, nh as u32, splits as u32),
             block_dim: (ATTN_THREADS, 1, 1),
-            shared_mem_bytes: ((2 * ATTN_TILE + 32 + key_groups * hd) * 4) as u32,
+            shared_mem_bytes: (smem_floats * 4) as u32,
         };
         let scale = 1.0f32 / (hd as f32).sqrt();
         let ints = [
@@ -307,7 +319,7 @@ impl PagedAttention {
         ];
         launch!(
             dev,
-            "paged_attention_partial_bf16",
+            kernel,
             cfg,
             &q_p,
             &self.k_cache,
