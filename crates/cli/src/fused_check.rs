@@ -48,7 +48,9 @@ pub fn check_fused(config: &Path, device: &str) -> Result<()> {
         println!("folded gemv {what}, {m} rows: max rel err vs separate kernels {e:.2e}");
         folded_worst = folded_worst.max(e);
     }
-    println!("CHECK folded_gemv max_rel_err {folded_worst:.3e} (same arithmetic: <= one bf16 step)");
+    println!(
+        "CHECK folded_gemv max_rel_err {folded_worst:.3e} (same arithmetic: <= one bf16 step)"
+    );
     let (fused, plain) = (
         run_script(config, &dev, true)?,
         run_script(config, &dev, false)?,
@@ -186,11 +188,22 @@ pub fn op_profile(
         cuda_profile::start()?;
         r.step(&rows(1), StepOptions::default())?;
         let (ops, total) = cuda_profile::finish(cuda)?;
-        println!("| op (batch {bs}, eager) | launches | total us | us per launch |\n|---|---|---|---|");
-        for (name, n, ms) in &ops {
-            println!("| {name} | {n} | {:.1} | {:.2} |", ms * 1e3, ms * 1e3 / *n as f64);
+        println!(
+            "| op (batch {bs}, eager) | launches | total us | us per launch |\n|---|---|---|---|"
+        );
+        for k in &ops {
+            let us = k.ms * 1e3;
+            println!(
+                "| {} | {} | {us:.1} | {:.2} |",
+                k.name,
+                k.launches,
+                us / k.launches as f64
+            );
         }
-        println!("| all (GPU time, first launch to end) | - | {:.1} | - |", total * 1e3);
+        println!(
+            "| all (GPU time, first launch to end) | - | {:.1} | - |",
+            total * 1e3
+        );
         for &s in &seqs[..bs] {
             let len = r.seq_len(s).unwrap_or(2);
             r.truncate(s, len.saturating_sub(2));

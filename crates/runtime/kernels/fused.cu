@@ -125,13 +125,14 @@ extern "C" __global__ void qk_norm_rope_store_bf16(
 // (causal for extend rows: earlier tokens of the step are already stored). Split s covers
 // one chunk of those keys and writes its running max, sum and unnormalised output to
 // part_ml / part_acc. Threads work in groups of hd/8 lanes, one 16-byte load each, so a
-// key's K or V row is read by one group at a time and many keys are in flight.
+// key's K or V row is read by one group at a time and many keys are in flight. The last two
+// arguments (the split kernel's in-kernel combine) are not used.
 extern "C" __global__ void paged_attention_partial_bf16(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
     const int* __restrict__ tok_row, const int* __restrict__ pos, float* __restrict__ part_ml,
     float* __restrict__ part_acc, int nh, int nkv, int hd, int block_size, float scale,
-    int splits) {
+    int splits, unsigned int* __restrict__ unused_counters, bf16* __restrict__ unused_out) {
     const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
     const int row = tok_row[t];
     if (row < 0) return;
@@ -243,6 +244,45 @@ extern "C" __global__ void paged_attention_partial_bf16(
     }
 }
 
+// With `counters` (zeroed, one per (token, head)): the last split block of a (token, head)
+// to finish combines all splits into `out`, as paged_attention_combine_bf16 does, and
+// zeroes its counter again (graph replays reuse it): one launch less per layer. Partials of
+// other blocks are read past L1 (__ldcg), after their writers' fences.
+__device__ void combine_if_last(unsigned int* counters, int t, int h, int nh, int hd,
+                                int splits, const float* part_ml, const float* part_acc,
+                                bf16* out) {
+    if (counters == nullptr) return;
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned int prev = atomicAdd(&counters[t * nh + h], 1u);
+        last = prev == (unsigned int)(splits - 1);
+        if (last) counters[t * nh + h] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const long long base = ((long long)t * nh + h) * splits;
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, __ldcg(&part_ml[2 * (base + s)]));
+    float total = 0.f;
+    for (int s = 0; s < splits; s++) {
+        const float ms = __ldcg(&part_ml[2 * (base + s)]);
+        if (ms > -INFINITY) total += __ldcg(&part_ml[2 * (base + s) + 1]) * __expf(ms - mx);
+    }
+    const float inv = 1.f / total;
+    bf16* op = out + ((long long)t * nh + h) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.f;
+        for (int s = 0; s < splits; s++) {
+            const float ms = __ldcg(&part_ml[2 * (base + s)]);
+            if (ms > -INFINITY) o += __ldcg(&part_acc[(base + s) * hd + i]) * __expf(ms - mx);
+        }
+        op[i] = __float2bfloat16(o * inv);
+    }
+}
+
 // Pass 1 without tiles (the default): each group of hd/8 lanes owns every kg_n-th key of the
 // split's chunk and keeps its own online softmax in registers, loading ATTN_UNROLL keys' K
 // and V rows at once, so a short chunk costs about one memory latency instead of a
@@ -255,7 +295,7 @@ extern "C" __global__ void paged_attention_split_bf16(
     const bf16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
     const int* __restrict__ tok_row, const int* __restrict__ pos, float* __restrict__ part_ml,
     float* __restrict__ part_acc, int nh, int nkv, int hd, int block_size, float scale,
-    int splits) {
+    int splits, unsigned int* __restrict__ counters, bf16* __restrict__ out) {
     const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
     const int row = tok_row[t];
     if (row < 0) return;
@@ -269,6 +309,7 @@ extern "C" __global__ void paged_attention_split_bf16(
             part_ml[2 * pidx] = -INFINITY;
             part_ml[2 * pidx + 1] = 0.f;
         }
+        combine_if_last(counters, t, h, nh, hd, splits, part_ml, part_acc, out);
         return;
     }
     const int kvh = h / (nh / nkv);
@@ -367,6 +408,7 @@ extern "C" __global__ void paged_attention_split_bf16(
         part_ml[2 * pidx] = mt;
         part_ml[2 * pidx + 1] = lt;
     }
+    combine_if_last(counters, t, h, nh, hd, splits, part_ml, part_acc, out);
 }
 
 // Pass 2: combine the splits of each (token, head). grid (tokens, nh), block 128.

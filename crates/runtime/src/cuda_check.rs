@@ -5,7 +5,7 @@
 
 use crate::attention::{HeadDims, RowSpan};
 use crate::attention_device::{CachedRow, TensorKv};
-use crate::cuda_kernels::{ptr, PagedAttention};
+use crate::cuda_kernels::{ptr, AttentionKernel, PagedAttention, ATTN_COUNTERS};
 use crate::kv::BlockTable;
 use candle_core::{DType, Device, Result, Tensor};
 use rand::rngs::StdRng;
@@ -122,19 +122,30 @@ fn one_batch(
     }
     let meta = Tensor::from_vec(meta, 2 * tokens + n_rows * max_blocks, device)?;
     let base = ptr(Some(&meta))?;
-    let got = q.apply_op1_no_bwd(&PagedAttention {
-        num_heads: dims.num_heads,
-        num_kv_heads: dims.num_kv_heads,
-        head_dim: dims.head_dim,
-        block_size,
-        max_blocks,
-        splits: crate::cuda_kernels::attention_splits(tokens, dims.num_heads, Some(4096)),
-        k_cache: ptr(Some(&k))?,
-        v_cache: ptr(Some(&v))?,
-        block_tables: base + (8 * tokens) as u64,
-        tok_row: base + (4 * tokens) as u64,
-        pos: base,
-    })?;
+    // Every first-pass kernel, the split one with and without its in-kernel combine.
+    let counters = Tensor::zeros(ATTN_COUNTERS, DType::U32, device)?;
+    let mut got = Vec::new();
+    for (kernel, counters) in [
+        (AttentionKernel::Split, ptr(Some(&counters))?),
+        (AttentionKernel::Split, 0),
+        (AttentionKernel::Tiles, 0),
+    ] {
+        got.push(q.apply_op1_no_bwd(&PagedAttention {
+            num_heads: dims.num_heads,
+            num_kv_heads: dims.num_kv_heads,
+            head_dim: dims.head_dim,
+            block_size,
+            max_blocks,
+            splits: crate::cuda_kernels::attention_splits(tokens, dims.num_heads, Some(4096)),
+            k_cache: ptr(Some(&k))?,
+            v_cache: ptr(Some(&v))?,
+            block_tables: base + (8 * tokens) as u64,
+            tok_row: base + (4 * tokens) as u64,
+            pos: base,
+            counters,
+            kernel,
+        })?);
+    }
     // Reference: the matmul path in f32 over the same (bf16-valued) inputs.
     let cache = TensorKv {
         k: k.to_dtype(DType::F32)?,
@@ -146,7 +157,11 @@ fn one_batch(
         want.push(CachedRow::new(r, t, block_size, device)?.attend(&qf, &cache, dims)?);
     }
     let want = Tensor::cat(&want, 0)?;
-    let diff = (got.to_dtype(DType::F32)? - &want)?.abs()?;
+    let mut diffs = Vec::new();
+    for g in &got {
+        diffs.push((g.to_dtype(DType::F32)? - &want)?.abs()?);
+    }
+    let diff = Tensor::stack(&diffs, 0)?;
     Ok(AttentionCheck {
         heads: dims,
         rows: n_rows,

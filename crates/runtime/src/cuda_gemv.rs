@@ -95,7 +95,6 @@ impl CustomOp2 for Gemv {
     }
 }
 
-
 /// What `GemvFolded` does after the matmul.
 #[derive(Clone, Copy, Debug)]
 pub enum NormOutput {
@@ -167,7 +166,9 @@ impl CustomOp2 for GemvFolded {
             || (self.norm.is_none() && !matches!(self.output, NormOutput::SiluMul))
             || (matches!(self.output, NormOutput::SiluMul) && !n.is_multiple_of(2))
         {
-            return Err(err(format!("gemv_folded shapes [{m}, {k}] x [{n}, {k2}]^T")));
+            return Err(err(format!(
+                "gemv_folded shapes [{m}, {k}] x [{n}, {k2}]^T"
+            )));
         }
         let (x_p, w_p) = (input_ptr(x, xl, "x")?, input_ptr(w, wl, "weight")?);
         let dev = &x.device;

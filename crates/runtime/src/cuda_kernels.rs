@@ -236,13 +236,44 @@ pub struct PagedAttention {
     pub block_tables: u64,
     pub tok_row: u64,
     pub pos: u64,
+    /// Device address of [`ATTN_COUNTERS`] zeroed u32 counters: the split kernel's last block
+    /// per (token, head) then combines the splits itself (0: a combine kernel does).
+    pub counters: u64,
+    pub kernel: AttentionKernel,
 }
 
-/// The first pass of attention with score tiles and block-wide reductions (the first
-/// kernel, `TOKENROUTER_ATTN_TILES=1`) instead of per-group online softmax (default).
-fn tiled_attention() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TOKENROUTER_ATTN_TILES").is_ok_and(|v| v == "1"))
+/// Counters a [`PagedAttention::counters`] buffer holds (tokens x heads it covers).
+pub const ATTN_COUNTERS: usize = 65_536;
+
+/// Which first pass of attention runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// Per-group online softmax with all of a short chunk's K/V loads in flight: faster for
+    /// steps of 1-2 tokens (H200: 0.6B step 1.26 vs 1.40 ms), slower from 4 on (more
+    /// registers, fewer blocks resident). `TOKENROUTER_ATTN_TILES=1` turns it off.
+    Auto,
+    Split,
+    /// Score tiles with block-wide reductions.
+    Tiles,
+}
+
+/// Steps of up to this many tokens take the split kernel under `AttentionKernel::Auto`.
+const SPLIT_KERNEL_MAX_TOKENS: usize = 2;
+
+impl AttentionKernel {
+    fn split(self, tokens: usize) -> bool {
+        static TILES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        match self {
+            Self::Split => true,
+            Self::Tiles => false,
+            Self::Auto => {
+                tokens <= SPLIT_KERNEL_MAX_TOKENS
+                    && !*TILES.get_or_init(|| {
+                        std::env::var("TOKENROUTER_ATTN_TILES").is_ok_and(|v| v == "1")
+                    })
+            }
+        }
+    }
 }
 
 /// Whether the attention kernels handle this head size (16-byte loads, lanes per key row a
@@ -298,10 +329,21 @@ impl PagedAttention {
             part_acc.device_ptr(&stream).0,
         );
         let key_groups = ATTN_THREADS as usize / (hd / 8);
-        let (kernel, smem_floats) = if tiled_attention() {
-            ("paged_attention_partial_bf16", 2 * ATTN_TILE + 32 + key_groups * hd)
-        } else {
+        let split = self.kernel.split(t);
+        let (kernel, smem_floats) = if split {
             ("paged_attention_split_bf16", key_groups * (hd + 2))
+        } else {
+            (
+                "paged_attention_partial_bf16",
+                2 * ATTN_TILE + 32 + key_groups * hd,
+            )
+        };
+        // Combined in the split kernel when there are counters for every (token, head).
+        let in_kernel_combine = split && self.counters != 0 && t * nh <= ATTN_COUNTERS;
+        let (counters, combined_out) = if in_kernel_combine {
+            (self.counters, out_p)
+        } else {
+            (0, 0)
         };
         let cfg = LaunchConfig {
             grid_dim: (t as u32, nh as u32, splits as u32),
@@ -335,8 +377,17 @@ impl PagedAttention {
             &ints[3],
             &ints[4],
             &scale,
-            &ints[5]
+            &ints[5],
+            &counters,
+            &combined_out
         );
+        if in_kernel_combine {
+            drop((part_ml, part_acc));
+            return Ok((
+                CudaStorage::wrap_cuda_slice(out, dev.clone()),
+                Shape::from((t, width)),
+            ));
+        }
         let cfg = LaunchConfig {
             grid_dim: (t as u32, nh as u32, 1),
             block_dim: (128, 1, 1),

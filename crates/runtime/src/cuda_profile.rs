@@ -40,25 +40,36 @@ pub fn start() -> Result<()> {
     Ok(())
 }
 
-/// Stop, wait for the device, and return per kernel name (launches, total ms), in order of
-/// first launch, plus the GPU time from the first mark to the end of the stream's work.
-pub fn finish(dev: &CudaDevice) -> Result<(Vec<(String, usize, f64)>, f64)> {
+/// GPU time of one kernel name over a profiled step.
+pub struct KernelTime {
+    pub name: String,
+    pub launches: usize,
+    pub ms: f64,
+}
+
+/// Stop, wait for the device, and return the time per kernel name, in order of first
+/// launch, plus the GPU time from the first mark to the end of the stream's work (ms).
+pub fn finish(dev: &CudaDevice) -> Result<(Vec<KernelTime>, f64)> {
     ON.store(false, Ordering::SeqCst);
     let end = dev
         .cuda_stream()
         .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
         .map_err(driver)?;
     let events = std::mem::take(&mut *EVENTS.lock().map_err(|_| driver("poisoned"))?);
-    let mut out: Vec<(String, usize, f64)> = Vec::new();
+    let mut out: Vec<KernelTime> = Vec::new();
     for (i, (name, ev)) in events.iter().enumerate() {
         let next = events.get(i + 1).map_or(&end, |(_, e)| e);
         let ms = f64::from(ev.elapsed_ms(next).map_err(driver)?);
-        match out.iter_mut().find(|(n, _, _)| n == name) {
-            Some(e) => {
-                e.1 += 1;
-                e.2 += ms;
+        match out.iter_mut().find(|k| &k.name == name) {
+            Some(k) => {
+                k.launches += 1;
+                k.ms += ms;
             }
-            None => out.push((name.clone(), 1, ms)),
+            None => out.push(KernelTime {
+                name: name.clone(),
+                launches: 1,
+                ms,
+            }),
         }
     }
     let total = match events.first() {

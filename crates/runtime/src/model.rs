@@ -154,6 +154,9 @@ pub struct Transformer {
     /// f32 rotary table for the fused CUDA kernels, made on first use.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     rope_f32: OnceLock<(Tensor, Tensor)>,
+    /// Zeroed counters for the attention kernel's in-kernel combine, made on first use.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    attn_counters: OnceLock<Tensor>,
     /// Use the fused CUDA kernels (`model_cuda.rs`) when they apply.
     fused_kernels: bool,
     /// Replay decode steps from CUDA graphs (`model_cuda_graph.rs`).
@@ -235,6 +238,7 @@ impl Transformer {
             rope,
             rope_dev: OnceLock::new(),
             rope_f32: OnceLock::new(),
+            attn_counters: OnceLock::new(),
             // TOKENROUTER_FUSED_KERNELS=0 keeps the candle-op path (for comparisons).
             fused_kernels: std::env::var("TOKENROUTER_FUSED_KERNELS").map_or(true, |v| v != "0"),
             cuda_graphs: std::env::var("TOKENROUTER_CUDA_GRAPHS").map_or(true, |v| v != "0"),

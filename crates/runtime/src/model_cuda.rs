@@ -1,20 +1,22 @@
 //! The CUDA step with our fused kernels (`cuda_kernels.rs`): per layer one fused qkv matmul,
 //! one norm+RoPE+KV-store kernel, one paged-attention kernel, the o projection, two
 //! add+RMSNorm kernels, one fused gate_up matmul, one silu*mul kernel and the down
-//! projection: 9 launches instead of ~32 candle ops; steps of 1-2 tokens fold the norms,
-//! silu*mul and residual adds into skinny matmuls (`cuda_gemv.rs`): 6 launches. Long extend rows (first contact with a
-//! long prompt) are attended with batched matmuls instead, whose cost does not grow with the
-//! square of the row length.
+//! projection: 9 launches instead of ~32 candle ops. Steps of 1-2 tokens fold the norms,
+//! silu*mul and residual adds into skinny matmuls (`cuda_gemv.rs`) and combine attention's
+//! splits inside its kernel: 5 launches. Long extend rows (first contact with a long prompt)
+//! are attended with batched matmuls instead, whose cost does not grow with the square of
+//! the row length.
 
 use super::{ForwardOutput, GateUp, Qkv, Transformer};
 use crate::attention::{HeadDims, RowSpan};
 use crate::attention_device::{CachedRow, TensorKv};
 use crate::cuda_gemv::{
-    fold_norm, fused_gemv_enabled, Gemv, GemvFolded, GemvResidual, NormOutput,
-    FUSED_GEMV_MAX_ROWS, GEMV_NORM_MAX_K,
+    fold_norm, fused_gemv_enabled, Gemv, GemvFolded, GemvResidual, NormOutput, FUSED_GEMV_MAX_ROWS,
+    GEMV_NORM_MAX_K,
 };
 use crate::cuda_kernels::{
-    attention_splits, ptr, AddRmsNorm, EmbedGather, NormRopeStore, PagedAttention, SiluMul,
+    attention_splits, ptr, AddRmsNorm, AttentionKernel, EmbedGather, NormRopeStore, PagedAttention,
+    SiluMul, ATTN_COUNTERS,
 };
 use crate::kv::BlockTable;
 use candle_core::quantized::QMatMul;
@@ -299,14 +301,32 @@ impl Transformer {
                 qkv = qkv.broadcast_add(b)?;
             }
             let (_, attn) = self.attend(layer, &qkv, m, &caches[li])?;
-            x.inplace_op2(&attn, &GemvResidual { weight: dense(&layer.o)?.0 })?;
+            x.inplace_op2(
+                &attn,
+                &GemvResidual {
+                    weight: dense(&layer.o)?.0,
+                },
+            )?;
             let act = normed_matmul(&layer.mlp_norm, dense(gate_up)?.0, NormOutput::SiluMul)?;
-            x.inplace_op2(&act, &GemvResidual { weight: dense(&layer.down)?.0 })?;
+            x.inplace_op2(
+                &act,
+                &GemvResidual {
+                    weight: dense(&layer.down)?.0,
+                },
+            )?;
         }
         x.apply_op1_no_bwd(&AddRmsNorm {
             weight: ptr(Some(&self.norm))?,
             eps,
         })
+    }
+
+    fn attn_counters(&self) -> Result<&Tensor> {
+        if let Some(c) = self.attn_counters.get() {
+            return Ok(c);
+        }
+        let c = Tensor::zeros(ATTN_COUNTERS, DType::U32, &self.device)?;
+        Ok(self.attn_counters.get_or_init(|| c))
     }
 
     fn head_dims(&self) -> HeadDims {
@@ -359,6 +379,8 @@ impl Transformer {
             block_tables: m.tables,
             tok_row: m.tok_row,
             pos: m.pos,
+            counters: ptr(Some(self.attn_counters()?))?,
+            kernel: AttentionKernel::Auto,
         })?;
         Ok((q, attn))
     }
