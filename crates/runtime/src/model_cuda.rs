@@ -2,8 +2,7 @@
 //! one norm+RoPE+KV-store kernel, one paged-attention kernel, the o projection, two
 //! add+RMSNorm kernels, one fused gate_up matmul, one silu*mul kernel and the down
 //! projection: 9 launches instead of ~32 candle ops. Steps of 1-2 tokens fold the norms,
-//! silu*mul and residual adds into skinny matmuls (`cuda_gemv.rs`) and combine attention's
-//! splits inside its kernel: 5 launches. Long extend rows (first contact with a long prompt)
+//! silu*mul and residual adds into skinny matmuls (`cuda_gemv.rs`): 6 launches. Long extend rows (first contact with a long prompt)
 //! are attended with batched matmuls instead, whose cost does not grow with the square of
 //! the row length.
 
@@ -21,6 +20,15 @@ use crate::cuda_kernels::{
 use crate::kv::BlockTable;
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Result, Tensor};
+
+/// Combine attention's splits in the split kernel's last block instead of a kernel of its own
+/// (`TOKENROUTER_ATTN_COMBINE_IN_KERNEL=1`). Off by default: one launch less, but measured
+/// slower (H200, 0.6B step at 1 row: 1.30 vs 1.26 ms; the last block's fence, atomic and
+/// serial combine lengthen the kernel's tail more than the graph node costs).
+fn combine_in_kernel() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TOKENROUTER_ATTN_COMBINE_IN_KERNEL").is_ok_and(|v| v == "1"))
+}
 
 fn dense(l: &super::Linear) -> Result<(&Tensor, Option<&Tensor>)> {
     l.dense()
@@ -379,7 +387,11 @@ impl Transformer {
             block_tables: m.tables,
             tok_row: m.tok_row,
             pos: m.pos,
-            counters: ptr(Some(self.attn_counters()?))?,
+            counters: if combine_in_kernel() {
+                ptr(Some(self.attn_counters()?))?
+            } else {
+                0
+            },
             kernel: AttentionKernel::Auto,
         })?;
         Ok((q, attn))
