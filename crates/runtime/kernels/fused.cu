@@ -450,8 +450,104 @@ extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gu, bf16* __re
     }
 }
 
+__device__ __forceinline__ void unpack8(const uint4 raw, float* f) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float2 v = __bfloat1622float2(h[e]);
+        f[2 * e] = v.x;
+        f[2 * e + 1] = v.y;
+    }
+}
+
+__device__ __forceinline__ uint4 pack8(const float* f) {
+    uint4 raw;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int e = 0; e < 4; e++) h[e] = __floats2bfloat162_rn(f[2 * e], f[2 * e + 1]);
+    return raw;
+}
+
+#define ROW_BATCH 4
+// The norm rows' first pass, 16-byte loads (n % 8 == 0): the sum of squares of this thread's
+// values of the row x (chunks of 8: tid, tid + blockDim, ...; always summed in that order,
+// so every kernel using it gets the same norm), with y: x += y first (rounded to bf16 like
+// the bf16 residual stream, written back), with buf: the values kept there. Loads are issued
+// ROW_BATCH chunks at a time before their use: a 5120-wide row costs a few memory latencies
+// instead of one per element.
+__device__ float row_sumsq8(bf16* x, const bf16* y, float* buf, int n) {
+    const int chunks = n / 8;
+    float ss = 0.f;
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += ROW_BATCH * blockDim.x) {
+        uint4 xr[ROW_BATCH], yr[ROW_BATCH];
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; u++) {
+            const int c = c0 + u * blockDim.x;
+            if (c < chunks) {
+                xr[u] = reinterpret_cast<const uint4*>(x)[c];
+                if (y != nullptr) yr[u] = reinterpret_cast<const uint4*>(y)[c];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; u++) {
+            const int c = c0 + u * blockDim.x;
+            if (c >= chunks) break;
+            float v[8];
+            unpack8(xr[u], v);
+            if (y != nullptr) {
+                float d[8];
+                unpack8(yr[u], d);
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = round_bf16(v[e] + d[e]);
+                reinterpret_cast<uint4*>(x)[c] = pack8(v);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                if (buf != nullptr) buf[c * 8 + e] = v[e];
+                ss += v[e] * v[e];
+            }
+        }
+    }
+    return ss;
+}
+
+// The norm rows' second pass, 16-byte loads: out = bf16(round_bf16(v * r) * w) for the row's
+// values v (from buf if given, else read from x).
+__device__ void row_scale8(const bf16* x, const float* buf, const bf16* __restrict__ w,
+                           float r, bf16* out, int n) {
+    const int chunks = n / 8;
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += ROW_BATCH * blockDim.x) {
+        uint4 xr[ROW_BATCH], wr[ROW_BATCH];
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; u++) {
+            const int c = c0 + u * blockDim.x;
+            if (c < chunks) {
+                if (buf == nullptr) xr[u] = reinterpret_cast<const uint4*>(x)[c];
+                wr[u] = reinterpret_cast<const uint4*>(w)[c];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; u++) {
+            const int c = c0 + u * blockDim.x;
+            if (c >= chunks) break;
+            float v[8], g[8];
+            if (buf == nullptr) {
+                unpack8(xr[u], v);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = buf[c * 8 + e];
+            }
+            unpack8(wr[u], g);
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = round_bf16(v[e] * r) * g[e];
+            reinterpret_cast<uint4*>(out)[c] = pack8(v);
+        }
+    }
+}
+
 // grid (tokens), block 256, shared (hidden + 32) floats. With y != null: x += y in place
-// (rounded to bf16 like the bf16 residual stream); then out = RMSNorm(x) * w.
+// (rounded to bf16 like the bf16 residual stream); then out = RMSNorm(x) * w. Rows of a
+// multiple of 8 values take the 16-byte passes above.
 extern "C" __global__ void add_rms_norm_bf16(bf16* __restrict__ x, const bf16* __restrict__ y,
                                              const bf16* __restrict__ w, bf16* __restrict__ out,
                                              int hidden, float eps) {
@@ -459,6 +555,12 @@ extern "C" __global__ void add_rms_norm_bf16(bf16* __restrict__ x, const bf16* _
     float* buf = smem;
     float* scratch = smem + hidden;
     const long long base = (long long)blockIdx.x * hidden;
+    if (hidden % 8 == 0) {
+        const float ss = row_sumsq8(x + base, y == nullptr ? nullptr : y + base, buf, hidden);
+        const float r = rsqrtf(block_sum(ss, scratch) / hidden + eps);
+        row_scale8(nullptr, buf, w, r, out + base, hidden);
+        return;
+    }
     float ss = 0.f;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
         float v = __bfloat162float(x[base + i]);
@@ -593,16 +695,11 @@ __device__ void gemv_fused(const bf16* __restrict__ x, const bf16* __restrict__ 
         float* scratch = gemv_smem;
         bf16* xs = reinterpret_cast<bf16*>(gemv_smem + 32);
         for (int m = 0; m < M; m++) {
-            const bf16* xr = x + (long long)m * k;
-            float ss = 0.f;
-            for (int i = threadIdx.x; i < k; i += blockDim.x) {
-                const float v = __bfloat162float(xr[i]);
-                ss += v * v;
-            }
+            // k % 8 == 0 (checked by the launcher): the same passes as add_rms_norm_bf16.
+            bf16* xr = const_cast<bf16*>(x) + (long long)m * k;
+            const float ss = row_sumsq8(xr, nullptr, nullptr, k);
             const float r = rsqrtf(block_sum(ss, scratch) / k + eps);
-            for (int i = threadIdx.x; i < k; i += blockDim.x)
-                xs[m * k + i] = __float2bfloat16(round_bf16(__bfloat162float(xr[i]) * r) *
-                                                 __bfloat162float(norm_w[i]));
+            row_scale8(xr, nullptr, norm_w, r, xs + m * k, k);
         }
         __syncthreads();
         xin = xs;
