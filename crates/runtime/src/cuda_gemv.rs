@@ -5,11 +5,11 @@
 //! (`GemvFolded`: qkv, gate_up) and the residual add as the output (`GemvResidual`: o and
 //! down projections). Kernels in kernels/fused.cu (`gemv_*`).
 
-use crate::cuda_kernels::{alloc_bf16, cpu_unsupported, err, input_ptr, launch, ptr};
+use crate::cuda_kernels::{alloc_bf16, cuda_only_op2, err, input_ptr, launch, ptr};
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaStorage;
-use candle_core::{CpuStorage, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Result, Shape, Tensor};
 
 fn gemv_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -50,22 +50,10 @@ pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
         && w.is_contiguous()
 }
 
-impl CustomOp2 for Gemv {
-    fn name(&self) -> &'static str {
-        "gemv"
-    }
+cuda_only_op2!(Gemv, "gemv");
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported("gemv")
-    }
-
-    fn cuda_fwd(
+impl Gemv {
+    fn cuda2(
         &self,
         x: &CudaStorage,
         xl: &Layout,
@@ -133,22 +121,10 @@ pub fn fold_norm(hidden: usize) -> bool {
 /// Blocks of 256 threads resident per SM that a column-striding kernel is given.
 const BLOCKS_PER_SM: usize = 4;
 
-impl CustomOp2 for GemvFolded {
-    fn name(&self) -> &'static str {
-        "gemv_folded"
-    }
+cuda_only_op2!(GemvFolded, "gemv_folded");
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported("gemv_folded")
-    }
-
-    fn cuda_fwd(
+impl GemvFolded {
+    fn cuda2(
         &self,
         x: &CudaStorage,
         xl: &Layout,

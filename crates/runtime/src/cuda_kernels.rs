@@ -6,9 +6,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage};
-use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor,
-};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor};
 use half::bf16;
 
 pub(crate) const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
@@ -106,6 +104,39 @@ macro_rules! cuda_only_op1 {
         }
     };
 }
+
+/// `CustomOp2` for an op that only runs on CUDA, done by its inherent `cuda2` method.
+macro_rules! cuda_only_op2 {
+    ($ty:ty, $name:literal) => {
+        impl candle_core::CustomOp2 for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(
+                &self,
+                _: &candle_core::CpuStorage,
+                _: &candle_core::Layout,
+                _: &candle_core::CpuStorage,
+                _: &candle_core::Layout,
+            ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+                $crate::cuda_kernels::cpu_unsupported($name)
+            }
+
+            fn cuda_fwd(
+                &self,
+                a: &candle_core::cuda_backend::CudaStorage,
+                al: &candle_core::Layout,
+                b: &candle_core::cuda_backend::CudaStorage,
+                bl: &candle_core::Layout,
+            ) -> candle_core::Result<(candle_core::cuda_backend::CudaStorage, candle_core::Shape)>
+            {
+                self.cuda2(a, al, b, bl)
+            }
+        }
+    };
+}
+pub(crate) use cuda_only_op2;
 
 /// Token embeddings `weight[ids[t]]` for `tokens` ids read from device memory.
 pub struct EmbedGather {
@@ -490,23 +521,11 @@ impl AddRmsNorm {
     }
 }
 
-impl CustomOp2 for AddRmsNorm {
-    fn name(&self) -> &'static str {
-        "add_rms_norm"
-    }
+cuda_only_op2!(AddRmsNorm, "add_rms_norm");
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported("add_rms_norm")
-    }
-
+impl AddRmsNorm {
     /// Writes `x + y` into `x` (the residual stream), returns the normalised sum.
-    fn cuda_fwd(
+    fn cuda2(
         &self,
         x: &CudaStorage,
         xl: &Layout,
