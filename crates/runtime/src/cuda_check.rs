@@ -197,8 +197,22 @@ pub fn check_gemv(device: &Device) -> Result<Vec<(usize, usize, usize, f32)>> {
 
 /// The skinny matmuls with folded-in ops (`cuda_gemv`) against the separate kernels they
 /// replace, same inputs: `(what, rows, max |diff| / max |reference|)`. The arithmetic is the
-/// same, so differences are at most one bf16 rounding step.
-pub fn check_fused_gemv(device: &Device) -> Result<Vec<(&'static str, usize, f32)>> {
+/// same, so differences are at most one bf16 rounding step. Also the RMSNorm kernel against
+/// candle's f32 `rms_norm` (what starts with "rms_norm"; bf16 output rounding).
+pub fn check_fused_gemv(device: &Device) -> Result<Vec<(String, usize, f32)>> {
+    let mut out = Vec::new();
+    // A narrow row (one 16-byte chunk per thread at most) and a wide one (several).
+    for (hidden, inter) in [(1024usize, 3072usize), (5120, 8192)] {
+        out.extend(check_fused_gemv_width(device, hidden, inter)?);
+    }
+    Ok(out)
+}
+
+fn check_fused_gemv_width(
+    device: &Device,
+    hidden: usize,
+    inter: usize,
+) -> Result<Vec<(String, usize, f32)>> {
     use crate::cuda_gemv::{Gemv, GemvFolded, GemvResidual, NormOutput};
     use crate::cuda_kernels::{AddRmsNorm, SiluMul};
     let rel = |got: &Tensor, want: &Tensor| -> Result<f32> {
@@ -208,7 +222,7 @@ pub fn check_fused_gemv(device: &Device) -> Result<Vec<(&'static str, usize, f32
         Ok(err / scale.max(1e-6))
     };
     let bf16 = |t: Tensor| t.to_dtype(DType::BF16);
-    let (hidden, inter, eps) = (1024usize, 3072usize, 1e-6f32);
+    let eps = 1e-6f32;
     let norm_w = bf16(Tensor::randn(1f32, 0.1, hidden, device)?)?;
     let w_qkv = bf16(Tensor::randn(0f32, 0.03, (4096, hidden), device)?)?;
     let b_qkv = bf16(Tensor::randn(0f32, 0.5, 4096, device)?)?;
@@ -221,6 +235,17 @@ pub fn check_fused_gemv(device: &Device) -> Result<Vec<(&'static str, usize, f32
             weight: ptr(Some(&norm_w))?,
             eps,
         })?;
+        // The norm kernel itself against candle's f32 RMSNorm (bf16 rounding apart).
+        let want = candle_nn::ops::rms_norm(
+            &resid.to_dtype(DType::F32)?,
+            &norm_w.to_dtype(DType::F32)?,
+            eps,
+        )?;
+        out.push((
+            format!("rms_norm vs candle f32, hidden {hidden}"),
+            m,
+            rel(&normed, &want)?,
+        ));
         let want = normed
             .apply_op2_no_bwd(&w_qkv, &Gemv)?
             .broadcast_add(&b_qkv)?;
@@ -232,7 +257,11 @@ pub fn check_fused_gemv(device: &Device) -> Result<Vec<(&'static str, usize, f32
                 output: NormOutput::Bias(ptr(Some(&b_qkv))?),
             },
         )?;
-        out.push(("norm + matmul + bias", m, rel(&got, &want)?));
+        out.push((
+            format!("norm + matmul + bias, hidden {hidden}"),
+            m,
+            rel(&got, &want)?,
+        ));
         let want = normed
             .apply_op2_no_bwd(&w_gu, &Gemv)?
             .apply_op1_no_bwd(&SiluMul)?;
@@ -244,7 +273,11 @@ pub fn check_fused_gemv(device: &Device) -> Result<Vec<(&'static str, usize, f32
                 output: NormOutput::SiluMul,
             },
         )?;
-        out.push(("norm + gate_up + silu*mul", m, rel(&got, &want)?));
+        out.push((
+            format!("norm + gate_up + silu*mul, hidden {hidden}"),
+            m,
+            rel(&got, &want)?,
+        ));
         let got = normed.apply_op2_no_bwd(
             &w_gu,
             &GemvFolded {
@@ -253,13 +286,21 @@ pub fn check_fused_gemv(device: &Device) -> Result<Vec<(&'static str, usize, f32
                 output: NormOutput::SiluMul,
             },
         )?;
-        out.push(("gate_up + silu*mul", m, rel(&got, &want)?));
+        out.push((
+            format!("gate_up + silu*mul, hidden {hidden}"),
+            m,
+            rel(&got, &want)?,
+        ));
         let act = bf16(Tensor::randn(0f32, 1.0, (m, inter), device)?)?;
         let want = (resid.to_dtype(DType::F32)?
             + act.apply_op2_no_bwd(&w_down, &Gemv)?.to_dtype(DType::F32)?)?;
         let got = resid.copy()?;
         got.inplace_op2(&act, &GemvResidual { weight: &w_down })?;
-        out.push(("matmul + residual add", m, rel(&got, &bf16(want)?)?));
+        out.push((
+            format!("matmul + residual add, hidden {hidden}"),
+            m,
+            rel(&got, &bf16(want)?)?,
+        ));
     }
     Ok(out)
 }
