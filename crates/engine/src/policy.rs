@@ -21,6 +21,9 @@ pub struct Needs {
     /// The policy never reads `RowView::logits`: on a GPU, greedy requests are then sampled
     /// on the device and only (token, logprob) comes back, not ~150k logits per row.
     pub no_logits: bool,
+    /// The normalised entropy of each row's distribution (`RowView::entropy`), computed on
+    /// the model's device inside the step.
+    pub entropy: bool,
 }
 
 impl Needs {
@@ -28,6 +31,13 @@ impl Needs {
     pub const TOKENS_ONLY: Needs = Needs {
         hidden: false,
         no_logits: true,
+        entropy: false,
+    };
+    /// Only the sampled tokens and the entropy of the distribution (R-Stitch, ME).
+    pub const ENTROPY_ONLY: Needs = Needs {
+        hidden: false,
+        no_logits: true,
+        entropy: true,
     };
 }
 
@@ -49,6 +59,18 @@ pub struct RowView<'a> {
     pub visit_tokens: usize,
     /// Per-request seed (stable across runs and batch compositions).
     pub seed: u64,
+    /// Normalised entropy `H / ln V` of the row's distribution (V: the sampled vocabulary),
+    /// when the policy declared `Needs::entropy`.
+    pub entropy: Option<f32>,
+}
+
+impl RowView<'_> {
+    /// The normalised entropy: from the step when it was computed there, else from the
+    /// logits.
+    pub fn normalised_entropy(&self) -> f32 {
+        self.entropy
+            .unwrap_or_else(|| crate::methods::basic::normalised_entropy(self.logits))
+    }
 }
 
 /// A finished step of one model.

@@ -528,7 +528,13 @@ impl SubServer {
                 .running
                 .iter()
                 .all(|r| r.top_logprobs == 0 && r.sampler.config.is_plain_greedy());
+        let want_entropy = self.needs.entropy;
         let result = self.runner.step(&rows, opts).and_then(|output| {
+            let entropy = if want_entropy {
+                Some(output.entropy_rows(limit)?)
+            } else {
+                None
+            };
             let (sampled, logits) = if on_device {
                 let sampled = output
                     .greedy_rows(limit)?
@@ -550,13 +556,13 @@ impl SubServer {
                     .collect::<Vec<_>>();
                 (sampled, Some(logits))
             };
-            Ok((output, sampled, logits))
+            Ok((output, sampled, logits, entropy))
         });
         // Timed until the results are on the host: GPU steps run asynchronously.
         let ended = Instant::now();
         let elapsed = (ended - started).as_secs_f64();
         let busy = self.shared.busy.end(mark, ended, elapsed);
-        let (output, sampled, logits) = match result {
+        let (output, sampled, logits, entropy) = match result {
             Ok(r) => r,
             Err(e) => {
                 self.fail_batch(e, out);
@@ -580,7 +586,12 @@ impl SubServer {
                 busy,
             });
         }
-        self.after_step(sampled, logits.as_deref(), output.hidden.as_ref(), out);
+        let seen = StepSeen {
+            logits: logits.as_deref(),
+            entropy: entropy.as_deref(),
+            hidden: output.hidden.as_ref(),
+        };
+        self.after_step(sampled, seen, out);
         self.publish();
         true
     }
@@ -594,13 +605,12 @@ impl SubServer {
         self.publish();
     }
 
-    fn after_step(
-        &mut self,
-        sampled: Vec<Sampled>,
-        logits: Option<&[Vec<f32>]>,
-        hidden: Option<&candle_core::Tensor>,
-        out: &mut Vec<Outbound>,
-    ) {
+    fn after_step(&mut self, sampled: Vec<Sampled>, seen: StepSeen<'_>, out: &mut Vec<Outbound>) {
+        let StepSeen {
+            logits,
+            entropy,
+            hidden,
+        } = seen;
         let limit = self.sample_limit;
         let decisions: Vec<Decision> = {
             let views: Vec<RowView<'_>> = self
@@ -617,6 +627,7 @@ impl SubServer {
                     sources: &r.sources,
                     visit_tokens: r.visit_tokens,
                     seed: r.seed,
+                    entropy: entropy.and_then(|e| e.get(i).copied()),
                 })
                 .collect();
             let step = StepView {
@@ -687,6 +698,15 @@ impl SubServer {
             }
         }
     }
+}
+
+/// What a step produced besides the sampled tokens, for the policy's view.
+struct StepSeen<'a> {
+    /// Host logits per row (absent when sampled on the device).
+    logits: Option<&'a [Vec<f32>]>,
+    /// Normalised entropy per row (`Needs::entropy`).
+    entropy: Option<&'a [f32]>,
+    hidden: Option<&'a candle_core::Tensor>,
 }
 
 #[cfg(test)]

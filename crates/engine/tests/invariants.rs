@@ -237,3 +237,37 @@ async fn a_full_kv_cache_preempts_instead_of_failing() {
     }
     assert_all_free(&e, Duration::from_secs(5));
 }
+
+/// R-Stitch reads the normalised entropy the step computed (`Needs::entropy`): at τ = 1 it
+/// never routes (the SLM alone); at τ = 0 every SLM token is uncertain and rewritten by the
+/// LLM, which keeps writing (its entropy never drops to 0): the LLM alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rstitch_routes_on_the_entropy_computed_in_the_step() {
+    let p = pair();
+    let pr = prompt(7, 3);
+    let e = start(config(
+        &p,
+        "rstitch",
+        "{threshold: 1.0}",
+        "rstitch",
+        "",
+        "async",
+    ));
+    let (ids, src) = run(&e, greedy_request(pr.clone(), 10)).await;
+    assert_eq!(ids, greedy_alone(&p.small, &pr, 10, LIMIT));
+    assert!(src.iter().all(|&s| s == 0));
+    e.shutdown();
+    let e = start(config(
+        &p,
+        "rstitch",
+        "{threshold: 0.0}",
+        "rstitch",
+        "    scheduler_kwargs: {threshold: 0.0}\n",
+        "async",
+    ));
+    let (ids, src) = run(&e, greedy_request(pr.clone(), 10)).await;
+    assert_eq!(ids, greedy_alone(&p.large, &pr, 10, LIMIT));
+    assert!(src.iter().all(|&s| s == 1), "{src:?}");
+    assert_all_free(&e, Duration::from_secs(5));
+    e.shutdown();
+}

@@ -107,6 +107,7 @@ fn run(
             sources: &[],
             visit_tokens: 0,
             seed: i as u64,
+            entropy: None,
         })
         .collect();
     assert!(policy.needs().hidden, "r2r must ask for hidden states");
@@ -306,6 +307,7 @@ fn large_model_writes_one_token_and_returns() {
         sources: &[0, 0],
         visit_tokens: 1,
         seed: 0,
+        entropy: None,
     }];
     let d = p.route(&StepView {
         model: 1,

@@ -65,6 +65,7 @@ fn step_rows<'a>(logits: &'a [f32], n: usize) -> Vec<RowView<'a>> {
             sources: &[],
             visit_tokens: 0,
             seed: 0,
+            entropy: None,
         })
         .collect()
 }

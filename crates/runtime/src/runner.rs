@@ -66,6 +66,22 @@ impl StepOutput {
         Ok(ids.into_iter().zip(logprob).collect())
     }
 
+    /// Normalised entropy `H / ln(limit)` of each row's softmax over its first `limit`
+    /// logits, computed where the logits are (on a GPU only one number per row reaches the
+    /// host). `H = ln Σe^z − Σ p z` with `z = l − max l`, `p = e^z / Σe^z`.
+    pub fn entropy_rows(&self, limit: usize) -> Result<Vec<f32>> {
+        let l = &self.logits;
+        let limit = limit.clamp(1, l.dim(1)?);
+        let l = l.narrow(1, 0, limit)?.to_dtype(candle_core::DType::F32)?;
+        let z = l.broadcast_sub(&l.max_keepdim(1)?)?;
+        let e = z.exp()?;
+        let sum = e.sum_keepdim(1)?;
+        let pz = (e * &z)?.sum_keepdim(1)?.broadcast_div(&sum)?;
+        let h = (sum.log()? - pz)?;
+        let norm = (limit.max(2) as f64).ln();
+        Ok((h / norm)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+
     pub fn logits_rows(&self) -> Result<Vec<Vec<f32>>> {
         Ok(self.logits.to_dtype(candle_core::DType::F32)?.to_vec2()?)
     }

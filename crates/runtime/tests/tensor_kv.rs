@@ -152,3 +152,23 @@ fn greedy_rows_match_the_host_sampler() {
         }
     }
 }
+
+/// The step's normalised entropy (computed where the logits are) equals the host's
+/// definition over the same first `limit` logits.
+#[test]
+fn entropy_rows_match_the_host_definition() {
+    use tokenrouter_runtime::sampling::entropy;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_hf_dir(&SynthSpec::tiny(Arch::Qwen3, 10), &dir.path().join("m")).unwrap();
+    let mut m = load_model(&path, &opts()).unwrap().runner;
+    let rows = [Row::new(1, toks(6, 4)), Row::new(2, vec![11])];
+    let out = m.step(&rows, StepOptions::default()).unwrap();
+    for limit in [288, 200] {
+        let got = out.entropy_rows(limit).unwrap();
+        for (h, l) in got.iter().zip(out.logits_rows().unwrap()) {
+            let want = entropy(&l[..limit]) / (limit as f32).ln();
+            assert!((h - want).abs() < 1e-5, "{h} vs {want}");
+            assert!(*h > 0.0 && *h <= 1.0 + 1e-6);
+        }
+    }
+}

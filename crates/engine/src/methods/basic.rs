@@ -165,11 +165,15 @@ struct RStitchSlm {
 }
 
 impl Policy for RStitchSlm {
+    fn needs(&self) -> Needs {
+        Needs::ENTROPY_ONLY
+    }
+
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
         step.rows
             .iter()
             .map(|r| {
-                let h = normalised_entropy(r.logits);
+                let h = r.normalised_entropy();
                 if h > self.threshold {
                     Decision::go(self.to, Some(h))
                 } else {
@@ -185,11 +189,15 @@ struct RStitchLlm {
 }
 
 impl Policy for RStitchLlm {
+    fn needs(&self) -> Needs {
+        Needs::ENTROPY_ONLY
+    }
+
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
         step.rows
             .iter()
             .map(|r| {
-                let h = normalised_entropy(r.logits);
+                let h = r.normalised_entropy();
                 if h <= self.threshold {
                     Decision::go(0, Some(h))
                 } else {
@@ -290,6 +298,39 @@ pub fn register(r: &mut Registry) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::RowView;
+
+    #[test]
+    fn rstitch_reads_the_entropy_of_the_step() {
+        let row = |entropy| RowView {
+            rid: 1,
+            logits: &[],
+            token: 0,
+            prompt: &[],
+            output: &[],
+            sources: &[],
+            visit_tokens: 0,
+            seed: 0,
+            entropy: Some(entropy),
+        };
+        let rows = [row(0.9), row(0.1)];
+        let step = StepView {
+            model: 0,
+            rows: &rows,
+            hidden: None,
+        };
+        let mut slm = RStitchSlm {
+            threshold: 0.5,
+            to: 1,
+        };
+        let d = slm.route(&step);
+        assert_eq!((d[0].to, d[1].to), (Some(1), None));
+        assert_eq!(d[0].score, Some(0.9));
+        let mut llm = RStitchLlm { threshold: 0.5 };
+        let d = llm.route(&step);
+        assert_eq!((d[0].to, d[1].to), (None, Some(0)));
+        assert_eq!(slm.needs(), Needs::ENTROPY_ONLY);
+    }
 
     #[test]
     fn normalised_entropy_bounds() {

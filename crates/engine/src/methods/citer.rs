@@ -78,6 +78,7 @@ impl Policy for CiterSlm {
         Needs {
             hidden: true,
             no_logits: true,
+            entropy: false,
         }
     }
 

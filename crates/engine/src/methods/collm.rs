@@ -53,6 +53,7 @@ impl Policy for CoLlmSlm {
         Needs {
             hidden: true,
             no_logits: true,
+            entropy: false,
         }
     }
 

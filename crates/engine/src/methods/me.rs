@@ -10,9 +10,9 @@
 //! the token just written (the bigger model rewrites that position); going back down keeps
 //! it, since it came from the more capable model.
 
-use super::basic::normalised_entropy;
 use super::router_net::Site;
 use crate::config::{parse_kwargs, ConfigError};
+use crate::policy::Needs;
 use crate::policy::{Decision, Policy, PolicyContext, Registry, SendMode, StepView};
 use serde::Deserialize;
 use tokenrouter_api::ModelIndex;
@@ -28,6 +28,10 @@ pub struct Me {
 }
 
 impl Policy for Me {
+    fn needs(&self) -> Needs {
+        Needs::ENTROPY_ONLY
+    }
+
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
         step.rows
             .iter()
@@ -35,7 +39,7 @@ impl Policy for Me {
                 if self.me == self.large {
                     return Decision::go(0, None);
                 }
-                let h = normalised_entropy(r.logits);
+                let h = r.normalised_entropy();
                 let to = if h > self.tau2 {
                     Some(self.large)
                 } else if self.me == 0 && h > self.tau1 {
