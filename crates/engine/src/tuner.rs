@@ -1,11 +1,12 @@
 //! Online tuning of delayed batching (`delayed_batching_threshold: auto`): start from each
 //! model's start-up latency profile (`profile`), refine it with the decode/extend steps
 //! measured while serving (prefill steps excluded; converted to solo latencies with the
-//! measured contention between models, which the planner models as a shared processor), estimate the routing matrix P and the
-//! credit matrix C from step outcomes, and solve the planner's exact Markov model for the
-//! number of active requests whenever that number has no fresh plan (a new count, or a plan
-//! older than the period); apply the best thresholds per count and export them (and the
-//! predicted throughput) in /metrics. Models with fixed thresholds stay pinned to theirs.
+//! measured contention between models, which the planner models as a shared processor),
+//! estimate the routing matrix P and the credit matrix C from step outcomes, and solve the
+//! planner's exact Markov model for the number of active requests whenever that number has
+//! no fresh plan (a new count, or a plan older than the period); apply the best thresholds
+//! per count and export them (and the predicted throughput) in /metrics. Models with fixed
+//! thresholds stay pinned to theirs.
 
 use crate::config::Threshold;
 use crate::profile::Profile;

@@ -81,7 +81,8 @@ macro_rules! launch {
         $( b.arg($arg); )*
         // SAFETY: argument lists match the kernel signatures in fused.cu; pointers come
         // from live tensors of the sizes the kernels index (checked by the callers).
-        unsafe { b.launch($cfg) }.map_err(|e| $crate::cuda_kernels::err(format!("{}: {e}", $name)))?;
+        unsafe { b.launch($cfg) }
+            .map_err(|e| $crate::cuda_kernels::err(format!("{}: {e}", $name)))?;
     }};
 }
 pub(crate) use launch;

@@ -2,9 +2,9 @@
 //! one norm+RoPE+KV-store kernel, one paged-attention kernel, the o projection, two
 //! add+RMSNorm kernels, one fused gate_up matmul, one silu*mul kernel and the down
 //! projection: 9 launches instead of ~32 candle ops. Steps of 1-2 tokens fold the norms,
-//! silu*mul and residual adds into skinny matmuls (`cuda_gemv.rs`): 6 launches. Long extend rows (first contact with a long prompt)
-//! are attended with batched matmuls instead, whose cost does not grow with the square of
-//! the row length.
+//! silu*mul and residual adds into skinny matmuls (`cuda_gemv.rs`): 6 launches. Long extend
+//! rows (first contact with a long prompt) are attended with batched matmuls instead, whose
+//! cost does not grow with the square of the row length.
 
 use super::{ForwardOutput, GateUp, Qkv, Transformer};
 use crate::attention::{HeadDims, RowSpan};
@@ -263,8 +263,8 @@ impl Transformer {
 
     /// `layers_fused` for 1-2 tokens: per layer qkv (input norm folded in), norm+RoPE+store,
     /// attention, o (residual add folded in), gate_up (input norm and silu*mul folded in),
-    /// down (residual add folded in). For wide hidden sizes the input norms stay kernels of
-    /// their own (see `fold_norm`).
+    /// down (residual add folded in). Rows wider than `TOKENROUTER_FOLD_NORM_MAX_K` keep
+    /// their input norms as kernels of their own (see `fold_norm`).
     fn layers_gemv(&self, x: Tensor, m: &MetaPtrs, caches: &[TensorKv]) -> Result<Tensor> {
         let eps = self.cfg.rms_norm_eps as f32;
         let fold = fold_norm(self.cfg.hidden_size);
