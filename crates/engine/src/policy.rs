@@ -24,6 +24,9 @@ pub struct Needs {
     /// The normalised entropy of each row's distribution (`RowView::entropy`), computed on
     /// the model's device inside the step.
     pub entropy: bool,
+    /// The `top_logits` largest logits of each row, descending (`RowView::top_logits`),
+    /// computed on the model's device inside the step (0: none).
+    pub top_logits: usize,
 }
 
 impl Needs {
@@ -32,12 +35,14 @@ impl Needs {
         hidden: false,
         no_logits: true,
         entropy: false,
+        top_logits: 0,
     };
     /// Only the sampled tokens and the entropy of the distribution (R-Stitch, ME).
     pub const ENTROPY_ONLY: Needs = Needs {
         hidden: false,
         no_logits: true,
         entropy: true,
+        top_logits: 0,
     };
 }
 
@@ -62,6 +67,9 @@ pub struct RowView<'a> {
     /// Normalised entropy `H / ln V` of the row's distribution (V: the sampled vocabulary),
     /// when the policy declared `Needs::entropy`.
     pub entropy: Option<f32>,
+    /// The largest logits of the row, descending, when the policy declared
+    /// `Needs::top_logits`.
+    pub top_logits: Option<&'a [f32]>,
 }
 
 impl RowView<'_> {

@@ -528,13 +528,26 @@ impl SubServer {
                 .running
                 .iter()
                 .all(|r| r.top_logprobs == 0 && r.sampler.config.is_plain_greedy());
-        let want_entropy = self.needs.entropy;
+        let (want_entropy, want_top) = (self.needs.entropy, self.needs.top_logits);
+        let name = self.shared.names[self.idx].clone();
         let result = self.runner.step(&rows, opts).and_then(|output| {
             let entropy = if want_entropy {
                 Some(output.entropy_rows(limit)?)
             } else {
                 None
             };
+            let top = if want_top > 0 {
+                output
+                    .top_logits_rows(limit, want_top)
+                    .map_err(|e| {
+                        tracing::warn!(model = %name, error = %e, "top logits on the device failed; reading them from host logits");
+                    })
+                    .ok()
+            } else {
+                None
+            };
+            // Without the top logits the policy reads them from the host logits.
+            let on_device = on_device && (want_top == 0 || top.is_some());
             let (sampled, logits) = if on_device {
                 let sampled = output
                     .greedy_rows(limit)?
@@ -556,13 +569,13 @@ impl SubServer {
                     .collect::<Vec<_>>();
                 (sampled, Some(logits))
             };
-            Ok((output, sampled, logits, entropy))
+            Ok((output, sampled, logits, entropy, top))
         });
         // Timed until the results are on the host: GPU steps run asynchronously.
         let ended = Instant::now();
         let elapsed = (ended - started).as_secs_f64();
         let busy = self.shared.busy.end(mark, ended, elapsed);
-        let (output, sampled, logits, entropy) = match result {
+        let (output, sampled, logits, entropy, top) = match result {
             Ok(r) => r,
             Err(e) => {
                 self.fail_batch(e, out);
@@ -589,6 +602,7 @@ impl SubServer {
         let seen = StepSeen {
             logits: logits.as_deref(),
             entropy: entropy.as_deref(),
+            top_logits: top.as_deref(),
             hidden: output.hidden.as_ref(),
         };
         self.after_step(sampled, seen, out);
@@ -609,6 +623,7 @@ impl SubServer {
         let StepSeen {
             logits,
             entropy,
+            top_logits,
             hidden,
         } = seen;
         let limit = self.sample_limit;
@@ -628,6 +643,7 @@ impl SubServer {
                     visit_tokens: r.visit_tokens,
                     seed: r.seed,
                     entropy: entropy.and_then(|e| e.get(i).copied()),
+                    top_logits: top_logits.and_then(|t| t.get(i)).map(|t| &t[..]),
                 })
                 .collect();
             let step = StepView {
@@ -706,6 +722,8 @@ struct StepSeen<'a> {
     logits: Option<&'a [Vec<f32>]>,
     /// Normalised entropy per row (`Needs::entropy`).
     entropy: Option<&'a [f32]>,
+    /// The largest logits per row, descending (`Needs::top_logits`).
+    top_logits: Option<&'a [Vec<f32>]>,
     hidden: Option<&'a candle_core::Tensor>,
 }
 

@@ -91,6 +91,16 @@ fn run(
     policy: &mut dyn tokenrouter_engine::policy::Policy,
     f: &Fixture,
 ) -> (Vec<f32>, Vec<Option<usize>>) {
+    run_with(policy, f, None)
+}
+
+/// `run`, optionally with the step's top logits instead of the full logits (as a GPU step
+/// delivers them: `Needs::top_logits`).
+fn run_with(
+    policy: &mut dyn tokenrouter_engine::policy::Policy,
+    f: &Fixture,
+    top: Option<&[Vec<f32>]>,
+) -> (Vec<f32>, Vec<Option<usize>>) {
     let hidden = Tensor::from_vec(
         f.rows_hidden.clone(),
         (f.tokens.len(), f.hidden),
@@ -100,7 +110,7 @@ fn run(
     let rows: Vec<RowView> = (0..f.tokens.len())
         .map(|i| RowView {
             rid: i as u64,
-            logits: &f.logits[i],
+            logits: if top.is_some() { &[] } else { &f.logits[i] },
             token: f.tokens[i],
             prompt: &[],
             output: &[],
@@ -108,6 +118,7 @@ fn run(
             visit_tokens: 0,
             seed: i as u64,
             entropy: None,
+            top_logits: top.map(|t| &t[i][..]),
         })
         .collect();
     assert!(policy.needs().hidden, "r2r must ask for hidden states");
@@ -308,6 +319,7 @@ fn large_model_writes_one_token_and_returns() {
         visit_tokens: 1,
         seed: 0,
         entropy: None,
+        top_logits: None,
     }];
     let d = p.route(&StepView {
         model: 1,
@@ -316,4 +328,41 @@ fn large_model_writes_one_token_and_returns() {
     });
     assert_eq!(d[0].to, Some(0));
     assert_eq!(p.send(9, 0), SendMode::KeepLast);
+}
+
+/// The router gives the same probabilities from the step's top logits (computed on the
+/// model's device, no host logits) as from the full logits.
+#[test]
+fn probabilities_from_the_steps_top_logits_equal_those_from_full_logits() {
+    let f = load_fixture();
+    let reg = Registry::default();
+    let build = || {
+        reg.build(
+            "r2r_slm",
+            &kwargs("{model_path: r2r_router_tiny.pt, switching_strategy: neural}"),
+            &ctx(&f, 0, Some(f.hidden)),
+        )
+        .expect("build r2r_slm")
+    };
+    let mut p = build();
+    let k = p.needs().top_logits;
+    assert!(k > 0 && p.needs().no_logits && p.needs().hidden);
+    let logits = Tensor::from_vec(
+        f.logits.concat(),
+        (f.logits.len(), f.logits[0].len()),
+        &Device::Cpu,
+    )
+    .expect("logits");
+    let step = tokenrouter_runtime::runner::StepOutput {
+        logits,
+        hidden: None,
+    };
+    let top = step
+        .top_logits_rows(f.logits[0].len(), k)
+        .expect("top logits");
+    let (want, want_to) = run(p.as_mut(), &f);
+    let mut p = build();
+    let (got, got_to) = run_with(p.as_mut(), &f, Some(&top));
+    assert_eq!(got, want);
+    assert_eq!(got_to, want_to);
 }

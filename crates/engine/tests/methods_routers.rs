@@ -66,6 +66,7 @@ fn step_rows<'a>(logits: &'a [f32], n: usize) -> Vec<RowView<'a>> {
             visit_tokens: 0,
             seed: 0,
             entropy: None,
+            top_logits: None,
         })
         .collect()
 }

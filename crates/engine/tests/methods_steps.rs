@@ -56,6 +56,7 @@ fn row<'a>(rid: u64, logits: &'a [f32], token: u32, output: &'a [u32]) -> RowVie
         visit_tokens: 0,
         seed: 0,
         entropy: None,
+        top_logits: None,
     }
 }
 

@@ -82,10 +82,65 @@ impl StepOutput {
         Ok((h / norm)?.flatten_all()?.to_vec1::<f32>()?)
     }
 
+    /// The `k` largest of each row's first `limit` logits, in descending order, computed
+    /// where the logits are (on a GPU only `k` numbers per row reach the host). Large rows
+    /// go in two sorts of a few thousand values each (the CUDA sort works in shared memory):
+    /// the maxima of chunks of `TOP_CHUNK` logits, then the logits of the `k` chunks with the
+    /// largest maxima, which hold the `k` largest logits.
+    pub fn top_logits_rows(&self, limit: usize, k: usize) -> Result<Vec<Vec<f32>>> {
+        let l = &self.logits;
+        let rows = l.dim(0)?;
+        let limit = limit.clamp(1, l.dim(1)?);
+        let k = k.clamp(1, limit);
+        let l = l
+            .narrow(1, 0, limit)?
+            .to_dtype(candle_core::DType::F32)?
+            .contiguous()?;
+        let chunks = limit.div_ceil(TOP_CHUNK);
+        if limit > TOP_DIRECT_MAX && (k * TOP_CHUNK > TOP_SORT_MAX || chunks > TOP_SORT_MAX) {
+            return Err(RuntimeError::InvalidStep(format!(
+                "top {k} of {limit} logits is beyond the device sort ({TOP_SORT_MAX} values)"
+            )));
+        }
+        let candidates = if limit <= TOP_DIRECT_MAX {
+            l
+        } else {
+            let pad = chunks * TOP_CHUNK - limit;
+            let l = if pad > 0 {
+                let fill = Tensor::full(f32::NEG_INFINITY, (rows, pad), l.device())?;
+                Tensor::cat(&[&l, &fill], 1)?
+            } else {
+                l
+            };
+            let l = l.reshape((rows, chunks, TOP_CHUNK))?;
+            let best = l
+                .max_keepdim(2)?
+                .squeeze(2)?
+                .arg_sort_last_dim(false)?
+                .narrow(1, 0, k.min(chunks))?;
+            let idx = best
+                .unsqueeze(2)?
+                .broadcast_as((rows, k.min(chunks), TOP_CHUNK))?
+                .contiguous()?;
+            l.gather(&idx, 1)?
+                .reshape((rows, k.min(chunks) * TOP_CHUNK))?
+        };
+        let order = candidates.arg_sort_last_dim(false)?.narrow(1, 0, k)?;
+        Ok(candidates.gather(&order.contiguous()?, 1)?.to_vec2()?)
+    }
+
     pub fn logits_rows(&self) -> Result<Vec<Vec<f32>>> {
         Ok(self.logits.to_dtype(candle_core::DType::F32)?.to_vec2()?)
     }
 }
+
+/// Rows of up to this many logits are sorted whole by `top_logits_rows`.
+const TOP_DIRECT_MAX: usize = 4096;
+/// Chunk size of `top_logits_rows`' first pass.
+const TOP_CHUNK: usize = 64;
+/// Longest row `top_logits_rows` sorts (candle's CUDA sort holds a row, padded to a power
+/// of two, in 48 KiB of shared memory).
+const TOP_SORT_MAX: usize = 8192;
 
 pub struct Runner {
     model: Transformer,

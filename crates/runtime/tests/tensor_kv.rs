@@ -172,3 +172,31 @@ fn entropy_rows_match_the_host_definition() {
         }
     }
 }
+
+/// The step's top logits (two sorts on large rows, one on small) equal the host's top-k
+/// over the same first `limit` logits, in the same descending order.
+#[test]
+fn top_logits_rows_match_the_host_top_k() {
+    use candle_core::{Device, Tensor};
+    use tokenrouter_runtime::runner::StepOutput;
+    use tokenrouter_runtime::sampling::top_k_indices;
+    for (vocab, limit, k) in [
+        (151_936usize, 151_665usize, 100usize),
+        (288, 265, 100),
+        (5000, 4999, 20),
+    ] {
+        let logits = Tensor::randn(0f32, 3.0, (3, vocab), &Device::Cpu).unwrap();
+        let out = StepOutput {
+            logits,
+            hidden: None,
+        };
+        let got = out.top_logits_rows(limit, k).unwrap();
+        for (g, row) in got.iter().zip(out.logits_rows().unwrap()) {
+            let want: Vec<f32> = top_k_indices(&row[..limit], k)
+                .into_iter()
+                .map(|i| row[i as usize])
+                .collect();
+            assert_eq!(g, &want, "vocab {vocab}, limit {limit}, k {k}");
+        }
+    }
+}

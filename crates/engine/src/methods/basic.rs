@@ -312,6 +312,7 @@ mod tests {
             visit_tokens: 0,
             seed: 0,
             entropy: Some(entropy),
+            top_logits: None,
         };
         let rows = [row(0.9), row(0.1)];
         let step = StepView {

@@ -79,6 +79,7 @@ impl Policy for CiterSlm {
             hidden: true,
             no_logits: true,
             entropy: false,
+            top_logits: 0,
         }
     }
 

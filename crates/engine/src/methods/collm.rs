@@ -54,6 +54,7 @@ impl Policy for CoLlmSlm {
             hidden: true,
             no_logits: true,
             entropy: false,
+            top_logits: 0,
         }
     }
 

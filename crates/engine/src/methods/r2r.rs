@@ -216,6 +216,11 @@ impl R2rSlm {
         let k = self.net.top_k;
         let mut top = Vec::with_capacity(n * k);
         for r in step.rows {
+            // The step's own top logits (computed on the model's device), else the host's.
+            if let Some(t) = r.top_logits.filter(|t| t.len() == k) {
+                top.extend_from_slice(t);
+                continue;
+            }
             if r.logits.len() < k {
                 candle_core::bail!(
                     "request {} has {} logits, the router reads the top {k}",
@@ -236,9 +241,13 @@ impl R2rSlm {
 
 impl Policy for R2rSlm {
     fn needs(&self) -> Needs {
+        // Hidden state and the top logits only: on a GPU the step computes both on the
+        // device and greedy requests are sampled there (no logits reach the host).
         Needs {
             hidden: true,
-            ..Needs::default()
+            no_logits: true,
+            entropy: false,
+            top_logits: self.net.top_k,
         }
     }
 
