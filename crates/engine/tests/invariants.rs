@@ -271,3 +271,23 @@ async fn rstitch_routes_on_the_entropy_computed_in_the_step() {
     assert_all_free(&e, Duration::from_secs(5));
     e.shutdown();
 }
+
+/// R2R end to end with a real router network (the tiny fixture checkpoint: hidden 64 like the
+/// synthetic SLM, top-8 logits) fed by the step's hidden states and top logits: at threshold
+/// 0 every SLM token is dropped and rewritten, so the output is the LLM alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r2r_with_a_router_network_at_threshold_zero_equals_llm_alone() {
+    let p = pair();
+    let router =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/r2r_router_tiny.pt");
+    let kwargs = format!("{{model_path: {}, threshold: 0.0}}", router.display());
+    let e = start(config(&p, "r2r_slm", &kwargs, "r2r_llm", "", "async"));
+    for (i, n) in [(0u32, 9usize), (1, 5)] {
+        let pr = prompt(6 + i as usize, i);
+        let (ids, src) = run(&e, greedy_request(pr.clone(), n)).await;
+        assert_eq!(ids, greedy_alone(&p.large, &pr, n, LIMIT));
+        assert!(src.iter().all(|&s| s == 1), "{src:?}");
+    }
+    assert_all_free(&e, Duration::from_secs(5));
+    e.shutdown();
+}
