@@ -10,12 +10,15 @@
 //!
 //! `Linear` (model.rs) asks [`CpuMatmul::new`] for each weight; `None` leaves it to candle.
 
-use candle_core::quantized::QMatMul;
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{CpuStorage, Layout, Shape, Tensor};
+use std::sync::Arc;
 
 pub mod q4_k;
 pub mod q5_0;
 pub mod q6_k;
+#[cfg(test)]
+mod test_util;
 
 pub use q4_k::Q4kMatmul;
 pub use q5_0::Q5Matmul;
@@ -50,6 +53,31 @@ impl CpuMatmul {
             Self::Q6K(q) => q.forward(x),
         }
     }
+}
+
+/// `w` as a `[n, k]` matrix of `dtype` blocks (`block` values in `block_bytes` each, stored
+/// without padding) in CPU memory, `n, k > 0`: what every kernel here needs to read it.
+fn cpu_matrix(
+    w: &QMatMul,
+    dtype: GgmlDType,
+    block: usize,
+    block_bytes: usize,
+) -> Option<(&Arc<QTensor>, usize, usize)> {
+    let QMatMul::QTensor(t) = w else {
+        return None;
+    };
+    if t.dtype() != dtype || !t.device().is_cpu() {
+        return None;
+    }
+    let (n, k) = t.shape().dims2().ok()?;
+    if n == 0
+        || k == 0
+        || !k.is_multiple_of(block)
+        || t.storage_size_in_bytes() != n * k / block * block_bytes
+    {
+        return None;
+    }
+    Some((t, n, k))
 }
 
 /// The kernel a weight gets: `$var=candle` leaves it to candle, `=scalar` / `=avx2` force a

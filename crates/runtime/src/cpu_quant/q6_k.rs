@@ -119,25 +119,10 @@ impl Q6kMatmul {
 
     /// As [`Q6kMatmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
     pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
-        let QMatMul::QTensor(t) = w else {
-            return None;
-        };
-        if t.dtype() != GgmlDType::Q6K
-            || !t.device().is_cpu()
-            || !kernel.available()
-            || !candle_uses_avx2()
-        {
-            return None;
-        }
-        let (n, k) = t.shape().dims2().ok()?;
+        let (t, n, k) = super::cpu_matrix(w, GgmlDType::Q6K, QK_K, Q6K_BYTES)?;
         // candle runs column quads through `vec_dot_q6k_q8k`; its 1-3 column tail goes
         // through other helpers, so only quads are ours.
-        if n == 0
-            || !n.is_multiple_of(4)
-            || k == 0
-            || !k.is_multiple_of(QK_K)
-            || t.storage_size_in_bytes() != n * k / QK_K * Q6K_BYTES
-        {
+        if !kernel.available() || !candle_uses_avx2() || !n.is_multiple_of(4) {
             return None;
         }
         Some(Self {
@@ -444,22 +429,10 @@ mod tests {
     use super::*;
     use candle_core::{Device, Module};
 
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::cpu_quant::test_util::{quantized, values};
 
     fn q6k_weight(n: usize, k: usize, seed: u64) -> QMatMul {
-        let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q6K).unwrap();
-        QMatMul::from_arc(Arc::new(q)).unwrap()
+        quantized(n, k, seed, GgmlDType::Q6K)
     }
 
     fn kernels() -> Vec<Kernel> {

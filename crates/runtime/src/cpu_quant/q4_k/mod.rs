@@ -174,23 +174,8 @@ impl Q4kMatmul {
 
     /// As [`Q4kMatmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
     pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
-        let QMatMul::QTensor(t) = w else {
-            return None;
-        };
-        if t.dtype() != GgmlDType::Q4K
-            || !t.device().is_cpu()
-            || !kernel.available()
-            || !candle_uses_tiles()
-        {
-            return None;
-        }
-        let (n, k) = t.shape().dims2().ok()?;
-        if n == 0
-            || !n.is_multiple_of(TILE_N)
-            || k == 0
-            || !k.is_multiple_of(QK_K)
-            || t.storage_size_in_bytes() != n * k / QK_K * Q4K_BYTES
-        {
+        let (t, n, k) = super::cpu_matrix(w, GgmlDType::Q4K, QK_K, Q4K_BYTES)?;
+        if !kernel.available() || !candle_uses_tiles() || !n.is_multiple_of(TILE_N) {
             return None;
         }
         let tiles = pack(&t.data().ok()?, n, k);

@@ -1,23 +1,10 @@
 use super::*;
 use candle_core::{Device, Module};
 
-/// Deterministic pseudo-random values in about -1..1 (xorshift).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use crate::cpu_quant::test_util::{quantized, values};
 
 fn q4k_weight(n: usize, k: usize, seed: u64) -> QMatMul {
-    let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
-    let q = QTensor::quantize(&w, GgmlDType::Q4K).unwrap();
-    QMatMul::from_arc(Arc::new(q)).unwrap()
+    quantized(n, k, seed, GgmlDType::Q4K)
 }
 
 fn kernels() -> Vec<Kernel> {

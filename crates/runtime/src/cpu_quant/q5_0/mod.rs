@@ -120,14 +120,8 @@ impl Q5Matmul {
 
     /// As [`Q5Matmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
     pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
-        let QMatMul::QTensor(t) = w else {
-            return None;
-        };
-        if t.dtype() != GgmlDType::Q5_0 || !t.device().is_cpu() || !kernel.available() {
-            return None;
-        }
-        let (n, k) = t.shape().dims2().ok()?;
-        if k == 0 || !k.is_multiple_of(QK) || t.storage_size_in_bytes() != n * k / QK * Q5_BYTES {
+        let (t, n, k) = super::cpu_matrix(w, GgmlDType::Q5_0, QK, Q5_BYTES)?;
+        if !kernel.available() {
             return None;
         }
         Some(Self {
