@@ -529,7 +529,7 @@ impl SubServer {
                 .iter()
                 .all(|r| r.top_logprobs == 0 && r.sampler.config.is_plain_greedy());
         let (want_entropy, want_top) = (self.needs.entropy, self.needs.top_logits);
-        let name = self.shared.names[self.idx].clone();
+        let name = &self.shared.names[self.idx];
         let result = self.runner.step(&rows, opts).and_then(|output| {
             let entropy = if want_entropy {
                 Some(output.entropy_rows(limit)?)
