@@ -12,8 +12,10 @@
 #      attention kernel / the folded skinny matmuls off, for comparison;
 #   5. end-to-end routing throughput (scripts/gpu_routing.py: serve + bench, random p = 0.35).
 # Logs go to $OUT; a short table is printed last. STEPS picks sections (default all:
-# "check fused ablate profile ours hf routing"; "profile": GPU time per kernel of eager 1-2
-# row decode steps of PROFILE_MODELS); ROUTING_ARGS is passed to gpu_routing.py.
+# "check fused nomma ablate profile ours hf routing"; "nomma": steps with attention on CUDA
+# cores instead of tensor cores; "matmul": the skinny matmuls of MATMUL_MODELS alone at 1-64
+# rows, cuBLAS vs our gemv; "profile": GPU time per kernel of eager 1-2 row decode steps of
+# PROFILE_MODELS); ROUTING_ARGS is passed to gpu_routing.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
@@ -25,7 +27,7 @@ RUN="bash $G/run-on-gpu.sh $BIN"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/env.txt
 
-STEPS=${STEPS:-check fused ablate profile ours hf routing}
+STEPS=${STEPS:-check fused nomma ablate profile ours hf routing}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
 if has check; then
@@ -39,6 +41,27 @@ fi
 if has fused; then
 echo "== 4. fused kernels: checks against references"
 timeout 120 $RUN bench-model --check-fused config/shapes/qwen3-0.6b.json --device cuda:0 2>&1 | tee $OUT/check_fused.txt | grep -v '^== ldd\|^== LD\|lib'
+fi
+
+# A tensor-core attention kernel that fails its check is switched off for the rest of the
+# run, so the call still measures everything else.
+if [ -f $OUT/check_fused.txt ] && ! awk '/^CHECK attention_kernel Mma /{exit !($5 + 0 < 0.05)}' $OUT/check_fused.txt; then
+  echo "tensor-core attention check failed: TOKENROUTER_ATTN_MMA=0 for this run"
+  export TOKENROUTER_ATTN_MMA=0
+fi
+
+if has matmul; then
+echo "== 4d. skinny matmuls at 1-64 rows: cuBLAS vs ours (GB/s of weights read)"
+for m in ${MATMUL_MODELS:-qwen3-32b}; do
+  timeout 200 $RUN bench-model --matmul-bench config/shapes/$m.json --device cuda:0 2>&1 | tee $OUT/matmul_$m.txt | grep '^|'
+done
+fi
+
+if has nomma; then
+echo "== 4c. steps with attention on CUDA cores (one block per query head) instead of tensor cores"
+for m in qwen3-0.6b qwen3-32b; do
+  TOKENROUTER_ATTN_MMA=0 timeout 200 $RUN bench-model --random-weights config/shapes/$m.json --device cuda:0 2>&1 | tee $OUT/nomma_$m.txt | grep '^|'
+done
 fi
 
 if has ablate; then

@@ -161,7 +161,7 @@ pub struct RandomBench<'a> {
     pub steps: usize,
     pub prefill: usize,
     pub ceilings: bool,
-    /// GPU time per kernel of one eager decode step at each batch size <= 2.
+    /// GPU time per kernel of one eager decode step at each of `batches`.
     pub op_profile: bool,
 }
 
@@ -244,7 +244,7 @@ pub fn run_random(b: RandomBench) -> Result<()> {
     }
     if b.op_profile {
         #[cfg(feature = "cuda")]
-        crate::fused_check::op_profile(&mut r, &dev, &seqs, &[1, 2])?;
+        crate::fused_check::op_profile(&mut r, &dev, &seqs, b.batches)?;
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--op-profile needs a build with the cuda feature");
     }

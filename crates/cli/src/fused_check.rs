@@ -19,6 +19,7 @@ pub fn check_fused(config: &Path, device: &str) -> Result<()> {
     use tokenrouter_runtime::cuda_check::check_paged_attention;
     let dev = parse_device(device)?;
     let mut worst = 0f32;
+    let mut kernel_worst = std::collections::BTreeMap::new();
     println!("| heads (q/kv x dim) | rows | tokens | max ctx | max abs err | mean abs err | max abs ref |");
     println!("|---|---|---|---|---|---|---|");
     for c in check_paged_attention(&dev, 7, 4)? {
@@ -35,6 +36,13 @@ pub fn check_fused(config: &Path, device: &str) -> Result<()> {
             c.max_abs_ref
         );
         worst = worst.max(c.max_abs_err);
+        for (k, e) in &c.per_kernel {
+            let w = kernel_worst.entry(k.clone()).or_insert(0f32);
+            *w = w.max(*e);
+        }
+    }
+    for (k, e) in &kernel_worst {
+        println!("CHECK attention_kernel {k} max_abs_err {e:.3e}");
     }
     println!("CHECK paged_attention max_abs_err {worst:.3e} (bf16 output rounding ~4e-3 of |ref|)");
     let mut gemv_worst = 0f32;
@@ -43,6 +51,10 @@ pub fn check_fused(config: &Path, device: &str) -> Result<()> {
         gemv_worst = gemv_worst.max(e);
     }
     println!("CHECK gemv max_rel_err {gemv_worst:.3e} (bf16 output rounding ~4e-3)");
+    let (ent_err, top_mismatch) = tokenrouter_runtime::cuda_check::check_router_inputs(&dev)?;
+    println!(
+        "CHECK router_inputs entropy_max_abs_err {ent_err:.2e} top100_mismatches {top_mismatch} (8 rows of 151936 logits vs host)"
+    );
     let (mut folded_worst, mut norm_worst) = (0f32, 0f32);
     for (what, m, e) in tokenrouter_runtime::cuda_check::check_fused_gemv(&dev)? {
         if what.starts_with("rms_norm") {
@@ -78,7 +90,7 @@ pub fn check_fused(config: &Path, device: &str) -> Result<()> {
         fused.len(),
         fused.len()
     );
-    if worst > 0.05 || gemv_worst > 0.01 || min_cos < 0.999 {
+    if worst > 0.05 || gemv_worst > 0.01 || ent_err > 1e-4 || top_mismatch > 0 || min_cos < 0.999 {
         bail!("fused kernels disagree with the reference");
     }
     Ok(())

@@ -4,6 +4,7 @@
 
 mod device_bench;
 mod fused_check;
+mod matmul_bench;
 mod model_bench;
 
 use anyhow::{Context, Result};

@@ -12,7 +12,7 @@ use tokenrouter_runtime::{load_model, KvBudget, LoadOptions, Row, StepOptions};
 #[derive(clap::Args)]
 pub struct ModelBenchArgs {
     /// A GGUF file, a Hugging Face directory, a model id in the HF cache, or a default name.
-    #[arg(long, required_unless_present_any = ["random_weights", "check_logits", "check_fused"])]
+    #[arg(long, required_unless_present_any = ["random_weights", "check_logits", "check_fused", "matmul_bench"])]
     model: Option<String>,
     /// Benchmark a model of this config.json's shape with random weights made on the device
     /// (decode step latency at each of --batches, an extend of --prefill-tokens, ceilings).
@@ -30,6 +30,10 @@ pub struct ModelBenchArgs {
     check_fused: Option<std::path::PathBuf>,
     #[arg(long)]
     logits_out: Option<std::path::PathBuf>,
+    /// Time the skinny matmuls of this config.json's shape at 1-64 rows: cuBLAS vs our
+    /// kernels (CUDA builds).
+    #[arg(long)]
+    matmul_bench: Option<std::path::PathBuf>,
     /// cpu, cuda or cuda:N (with --random-weights / --check-logits).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -45,7 +49,7 @@ pub struct ModelBenchArgs {
     /// Also measure copy bandwidth and bf16 GEMM ceilings (with --random-weights).
     #[arg(long)]
     ceilings: bool,
-    /// GPU time per kernel of an eager decode step of 1 and 2 rows (with --random-weights,
+    /// GPU time per kernel of an eager decode step at each of --batches (with --random-weights,
     /// CUDA builds).
     #[arg(long)]
     op_profile: bool,
@@ -93,6 +97,9 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
             ceilings: a.ceilings,
             op_profile: a.op_profile,
         });
+    }
+    if let Some(cfg) = &a.matmul_bench {
+        return crate::matmul_bench::matmul_bench(cfg, &a.device);
     }
     if let Some(cfg) = &a.check_fused {
         return crate::fused_check::check_fused(cfg, &a.device);

@@ -23,6 +23,8 @@ pub struct AttentionCheck {
     pub max_abs_err: f32,
     pub mean_abs_err: f32,
     pub max_abs_ref: f32,
+    /// (first-pass kernel as resolved for these heads, max |diff|).
+    pub per_kernel: Vec<(String, f32)>,
 }
 
 /// Run `batches` random batches for each head layout; rows have contexts drawn from
@@ -125,18 +127,26 @@ fn one_batch(
     // Every first-pass kernel, the split one with and without its in-kernel combine.
     let counters = Tensor::zeros(ATTN_COUNTERS, DType::U32, device)?;
     let mut got = Vec::new();
+    let mut kernels = Vec::new();
     for (kernel, counters) in [
         (AttentionKernel::Split, ptr(Some(&counters))?),
         (AttentionKernel::Split, 0),
         (AttentionKernel::Tiles, 0),
+        (AttentionKernel::Mma, 0),
     ] {
+        let grid_heads = kernel.grid_heads(dims.num_heads, dims.num_kv_heads, dims.head_dim);
+        let resolved = kernel.resolve(dims.num_heads, dims.num_kv_heads, dims.head_dim);
+        kernels.push(format!(
+            "{resolved:?}{}",
+            if counters != 0 { "+combine" } else { "" }
+        ));
         got.push(q.apply_op1_no_bwd(&PagedAttention {
             num_heads: dims.num_heads,
             num_kv_heads: dims.num_kv_heads,
             head_dim: dims.head_dim,
             block_size,
             max_blocks,
-            splits: crate::cuda_kernels::attention_splits(tokens, dims.num_heads, Some(4096)),
+            splits: crate::cuda_kernels::attention_splits(tokens, grid_heads, Some(4096)),
             k_cache: ptr(Some(&k))?,
             v_cache: ptr(Some(&v))?,
             block_tables: base + (8 * tokens) as u64,
@@ -158,8 +168,11 @@ fn one_batch(
     }
     let want = Tensor::cat(&want, 0)?;
     let mut diffs = Vec::new();
-    for g in &got {
-        diffs.push((g.to_dtype(DType::F32)? - &want)?.abs()?);
+    let mut per_kernel = Vec::new();
+    for (g, name) in got.iter().zip(kernels) {
+        let d = (g.to_dtype(DType::F32)? - &want)?.abs()?;
+        per_kernel.push((name, d.max_all()?.to_scalar::<f32>()?));
+        diffs.push(d);
     }
     let diff = Tensor::stack(&diffs, 0)?;
     Ok(AttentionCheck {
@@ -170,29 +183,64 @@ fn one_batch(
         max_abs_err: diff.max_all()?.to_scalar::<f32>()?,
         mean_abs_err: diff.mean_all()?.to_scalar::<f32>()?,
         max_abs_ref: want.abs()?.max_all()?.to_scalar::<f32>()?,
+        per_kernel,
     })
 }
 
 /// The skinny matmul kernel against candle's matmul in f32, for decode-sized inputs:
 /// `(rows, out, in, max |diff| / max |reference|)`.
 pub fn check_gemv(device: &Device) -> Result<Vec<(usize, usize, usize, f32)>> {
+    use crate::cuda_gemv::Gemv;
     let mut out = Vec::new();
+    let rel_err = |got: Tensor, x: &Tensor, w: &Tensor| -> Result<f32> {
+        let want = x
+            .to_dtype(DType::F32)?
+            .matmul(&w.to_dtype(DType::F32)?.t()?)?;
+        let err = (got.to_dtype(DType::F32)? - &want)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?;
+        let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
+        Ok(err / scale.max(1e-6))
+    };
     for (n, k) in [(9216, 5120), (1024, 3072), (151_936, 1024)] {
         let w = Tensor::randn(0f32, 0.02, (n, k), device)?.to_dtype(DType::BF16)?;
         for m in [1usize, 3, 8] {
             let x = Tensor::randn(0f32, 1.0, (m, k), device)?.to_dtype(DType::BF16)?;
-            let got = x
-                .apply_op2_no_bwd(&w, &crate::cuda_gemv::Gemv)?
-                .to_dtype(DType::F32)?;
-            let want = x
-                .to_dtype(DType::F32)?
-                .matmul(&w.to_dtype(DType::F32)?.t()?)?;
-            let err = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
-            let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
-            out.push((m, n, k, err / scale.max(1e-6)));
+            let got = x.apply_op2_no_bwd(&w, &Gemv)?;
+            out.push((m, n, k, rel_err(got, &x, &w)?));
         }
     }
     Ok(out)
+}
+
+/// The step's on-device entropy and top logits (`StepOutput::entropy_rows`,
+/// `top_logits_rows`) against the host definitions on the same f32 logits (a Qwen-sized row
+/// of 151936 logits, 151665 of them real): (max |entropy diff|, top-k mismatches).
+pub fn check_router_inputs(device: &Device) -> Result<(f32, usize)> {
+    use crate::runner::StepOutput;
+    use crate::sampling::{entropy, top_k_indices};
+    let (vocab, limit, k) = (151_936usize, 151_665usize, 100usize);
+    let logits = Tensor::randn(0f32, 3.0, (8, vocab), device)?;
+    let out = StepOutput {
+        logits,
+        hidden: None,
+    };
+    let msg = |e: crate::RuntimeError| candle_core::Error::Msg(e.to_string());
+    let ent = out.entropy_rows(limit).map_err(msg)?;
+    let top = out.top_logits_rows(limit, k).map_err(msg)?;
+    let (mut worst, mut mismatches) = (0f32, 0usize);
+    for ((h, t), row) in ent.iter().zip(&top).zip(out.logits_rows().map_err(msg)?) {
+        let want = entropy(&row[..limit]) / (limit as f32).ln();
+        worst = worst.max((h - want).abs());
+        let want_top: Vec<f32> = top_k_indices(&row[..limit], k)
+            .into_iter()
+            .map(|i| row[i as usize])
+            .collect();
+        mismatches += t.iter().zip(&want_top).filter(|(a, b)| a != b).count()
+            + want_top.len().abs_diff(t.len());
+    }
+    Ok((worst, mismatches))
 }
 
 /// The skinny matmuls with folded-in ops (`cuda_gemv`) against the separate kernels they

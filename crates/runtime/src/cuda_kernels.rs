@@ -280,31 +280,78 @@ pub const ATTN_COUNTERS: usize = 65_536;
 /// Which first pass of attention runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// Per-group online softmax with all of a short chunk's K/V loads in flight: faster for
-    /// steps of 1-2 tokens (H200: 0.6B step 1.26 vs 1.40 ms), slower from 4 on (more
-    /// registers, fewer blocks resident). `TOKENROUTER_ATTN_TILES=1` turns it off.
+    /// The tensor-core kernel where it exists for the heads (`TOKENROUTER_ATTN_MMA=0` turns
+    /// it off); otherwise the split kernel for steps of 1-2 tokens (H200: 0.6B step 1.26 vs
+    /// 1.40 ms) and tiles from 4 on (the split kernel holds more registers, fewer blocks
+    /// resident). `TOKENROUTER_ATTN_TILES=1`: tiles instead of split.
     Auto,
+    /// Per-group online softmax with all of a short chunk's K/V loads in flight, one block
+    /// per query head.
     Split,
-    /// Score tiles with block-wide reductions.
+    /// Score tiles with block-wide reductions, one block per query head.
     Tiles,
+    /// Grouped-query attention on tensor cores: one block per KV head computes the query
+    /// heads that share it (H200, Qwen3-32B step at 32 tokens: 24.1 vs 35.6 ms).
+    Mma,
 }
 
 /// Steps of up to this many tokens take the split kernel under `AttentionKernel::Auto`.
 const SPLIT_KERNEL_MAX_TOKENS: usize = 2;
+/// Warps of the tensor-core kernel's block (ATTN_THREADS / 32), merged at its end.
+const MMA_WARPS: usize = 4;
+
+/// (query heads per KV head, head size) the tensor-core kernel exists for
+/// (kernels/fused.cu `ATTN_MMA`).
+fn mma_kernel_exists(group: usize, hd: usize) -> bool {
+    (2..=8).contains(&group) && matches!(hd, 64 | 128)
+}
+
+fn env_flag(name: &str, cell: &'static std::sync::OnceLock<bool>, default: bool) -> bool {
+    *cell.get_or_init(|| std::env::var(name).map_or(default, |v| v == "1"))
+}
 
 impl AttentionKernel {
     fn split(self, tokens: usize) -> bool {
         static TILES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         match self {
             Self::Split => true,
-            Self::Tiles => false,
+            Self::Tiles | Self::Mma => false,
             Self::Auto => {
                 tokens <= SPLIT_KERNEL_MAX_TOKENS
-                    && !*TILES.get_or_init(|| {
-                        std::env::var("TOKENROUTER_ATTN_TILES").is_ok_and(|v| v == "1")
-                    })
+                    && !env_flag("TOKENROUTER_ATTN_TILES", &TILES, false)
             }
         }
+    }
+
+    /// The kernel that runs for these heads: `Auto` becomes `Mma` where that exists (unless
+    /// `TOKENROUTER_ATTN_MMA=0`), and `Mma` falls back to `Auto`'s per-head kernels where it
+    /// does not.
+    pub fn resolve(self, nh: usize, nkv: usize, hd: usize) -> Self {
+        static MMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let g = if nkv > 0 && nh.is_multiple_of(nkv) {
+            nh / nkv
+        } else {
+            1
+        };
+        let mma = mma_kernel_exists(g, hd);
+        match self {
+            Self::Auto if mma && env_flag("TOKENROUTER_ATTN_MMA", &MMA, true) => Self::Mma,
+            Self::Mma if !mma => Self::Auto,
+            k => k,
+        }
+    }
+
+    /// Query heads one block computes: the group size for the tensor-core kernel, else 1.
+    pub fn group(self, nh: usize, nkv: usize, hd: usize) -> usize {
+        match self.resolve(nh, nkv, hd) {
+            Self::Mma => nh / nkv,
+            _ => 1,
+        }
+    }
+
+    /// Blocks per token and split of the first pass (query heads / group).
+    pub fn grid_heads(self, nh: usize, nkv: usize, hd: usize) -> usize {
+        nh / self.group(nh, nkv, hd)
     }
 }
 
@@ -360,9 +407,15 @@ impl PagedAttention {
             part_ml.device_ptr(&stream).0,
             part_acc.device_ptr(&stream).0,
         );
+        let resolved = self.kernel.resolve(nh, nkv, hd);
+        let group = resolved.group(nh, nkv, hd);
         let key_groups = ATTN_THREADS as usize / (hd / 8);
-        let split = self.kernel.split(t);
-        let (kernel, smem_floats) = if split {
+        let split = resolved.split(t);
+        let mma_name;
+        let (kernel, smem_floats) = if resolved == AttentionKernel::Mma {
+            mma_name = format!("paged_attention_mma_bf16_g{group}_d{hd}");
+            (mma_name.as_str(), MMA_WARPS * group * (hd + 2))
+        } else if split {
             ("paged_attention_split_bf16", key_groups * (hd + 2))
         } else {
             (
@@ -378,7 +431,7 @@ impl PagedAttention {
             (0, 0)
         };
         let cfg = LaunchConfig {
-            grid_dim: (t as u32, nh as u32, splits as u32),
+            grid_dim: (t as u32, (nh / group) as u32, splits as u32),
             block_dim: (ATTN_THREADS, 1, 1),
             shared_mem_bytes: (smem_floats * 4) as u32,
         };

@@ -180,7 +180,15 @@ impl Transformer {
             tables: meta.section(base, 4),
             max_blocks: meta.max_blocks,
             block_size,
-            splits: attention_splits(meta.tokens, self.cfg.num_heads, Some(meta.max_ctx)),
+            splits: attention_splits(
+                meta.tokens,
+                AttentionKernel::Auto.grid_heads(
+                    self.cfg.num_heads,
+                    self.cfg.num_kv_heads,
+                    self.cfg.head_dim,
+                ),
+                Some(meta.max_ctx),
+            ),
         };
         let h = self.layers_fused(x, &layout, &meta.long_rows, caches)?;
         let hn = if all_logits || meta.tokens == rows.len() {

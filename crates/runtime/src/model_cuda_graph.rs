@@ -177,7 +177,15 @@ impl Transformer {
             tables: sec(4),
             max_blocks: g.max_blocks,
             block_size,
-            splits: crate::cuda_kernels::attention_splits(b, self.cfg.num_heads, None),
+            splits: crate::cuda_kernels::attention_splits(
+                b,
+                crate::cuda_kernels::AttentionKernel::Auto.grid_heads(
+                    self.cfg.num_heads,
+                    self.cfg.num_kv_heads,
+                    self.cfg.head_dim,
+                ),
+                None,
+            ),
         };
         let h = self.layers_fused(x, &m, &[], caches)?;
         let logits = super::matmul_t(&h, &self.lm_head)?.to_dtype(DType::F32)?;
