@@ -119,6 +119,11 @@ pub struct SystemSection {
     /// Accepted for compatibility with TokenRouter configs; ignored on CPU.
     #[serde(default)]
     pub mem_fraction_static: Option<f64>,
+    /// Serve a few short requests through every model before reporting ready, so first-use
+    /// costs (the driver compiling GPU kernels, lazily loaded libraries) are not paid by the
+    /// first clients. Default: on when a model runs on a GPU.
+    #[serde(default)]
+    pub warmup: Option<bool>,
 }
 
 fn default_max_queued() -> usize {

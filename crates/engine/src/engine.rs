@@ -462,6 +462,21 @@ impl Engine {
                 )?;
             }
         }
+        let _ = self.inner.text.set(loaded.text);
+        let _ = self.inner.infos.set(loaded.infos);
+        let _ = self.inner.shared.set(loaded.shared.clone());
+        if let Ok(mut slot) = self.inner.to_exchange.lock() {
+            *slot = Some(tx);
+        }
+        let gpu = self
+            .inner
+            .config
+            .models()?
+            .iter()
+            .any(|m| m.section.device.starts_with("cuda"));
+        if self.inner.config.system.warmup.unwrap_or(gpu) {
+            crate::warmup::warm_up(self, &loaded.shared)?;
+        }
         if tune {
             let shared = loaded.shared.clone();
             let stop = self.inner.tuner_stop.clone();
@@ -471,12 +486,6 @@ impl Engine {
                     crate::tuner::run_tuner(shared, profile, stop, Duration::from_millis(1000))
                 })
                 .map_err(|e| EngineError::Start(e.to_string()))?;
-        }
-        let _ = self.inner.text.set(loaded.text);
-        let _ = self.inner.infos.set(loaded.infos);
-        let _ = self.inner.shared.set(loaded.shared);
-        if let Ok(mut slot) = self.inner.to_exchange.lock() {
-            *slot = Some(tx);
         }
         self.inner.ready.store(true, Ordering::SeqCst);
         tracing::info!("engine ready");
@@ -658,6 +667,26 @@ impl Backend for Engine {
                     .unwrap_or_else(|| "the models are still loading".into()),
             ));
         }
+        self.submit_loaded(request)
+    }
+
+    fn metrics_text(&self) -> String {
+        self.inner.metrics.text()
+    }
+}
+
+impl Engine {
+    /// Forget request metrics served before now (see `EngineMetrics::reset_requests`).
+    pub(crate) fn reset_request_metrics(&self) {
+        self.inner.metrics.reset_requests();
+    }
+
+    /// `submit` once the loops run, before or after the engine reports ready (the warm-up
+    /// uses it before).
+    pub(crate) fn submit_loaded(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<GenerateStream, SubmitError> {
         let (Some(shared), Some(text)) = (self.inner.shared.get(), self.text()) else {
             return Err(SubmitError::NotReady("the models are still loading".into()));
         };
@@ -737,9 +766,5 @@ impl Backend for Engine {
             request_id: rid,
             events: erx,
         })
-    }
-
-    fn metrics_text(&self) -> String {
-        self.inner.metrics.text()
     }
 }

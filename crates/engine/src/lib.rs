@@ -13,6 +13,7 @@ pub mod request;
 pub mod subserver;
 pub mod tuner;
 pub mod turn;
+pub(crate) mod warmup;
 
 pub use config::{EngineConfig, Execution, Threshold};
 pub use engine::{Engine, EngineError, GenerateParams, Generation};

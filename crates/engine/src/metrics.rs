@@ -29,6 +29,16 @@ fn buckets_seconds() -> Vec<f64> {
 }
 
 impl EngineMetrics {
+    /// Drop the counts and histograms of requests served so far (the warm-up's); gauges keep
+    /// describing the current state.
+    pub fn reset_requests(&self) {
+        self.step_latency.reset();
+        self.batch_size.reset();
+        self.tokens.reset();
+        self.switches.reset();
+        self.handoff_latency.reset();
+    }
+
     pub fn new() -> prometheus::Result<Self> {
         let registry = Registry::new();
         let m = |name: &str| format!("tokenrouter:{name}");
