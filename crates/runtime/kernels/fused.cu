@@ -119,6 +119,15 @@ extern "C" __global__ void qk_norm_rope_store_bf16(
 #define ATTN_THREADS 128
 #define ATTN_CHUNK_MIN 64
 
+// Keys [k0, k1) of split s when a token attends to n keys in `splits` chunks (multiples of
+// 16, at least ATTN_CHUNK_MIN; trailing splits may be empty: k0 >= k1).
+__device__ __forceinline__ void split_keys(int n, int splits, int s, int& k0, int& k1) {
+    int chunk = (n + splits - 1) / splits;
+    chunk = max(ATTN_CHUNK_MIN, (chunk + 15) & ~15);
+    k0 = s * chunk;
+    k1 = min(n, k0 + chunk);
+}
+
 // Split-K ("flash decoding") paged attention, pass 1. grid (tokens, nh, splits), block
 // ATTN_THREADS, shared: see PagedAttention::smem_bytes. Token t of row tok_row[t] (< 0:
 // skip) at absolute position pos[t] attends to cache positions 0..=pos[t] of its row
@@ -136,10 +145,8 @@ extern "C" __global__ void paged_attention_partial_bf16(
     const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
     const int row = tok_row[t];
     if (row < 0) return;
-    const int n = pos[t] + 1;
-    int chunk = (n + splits - 1) / splits;
-    chunk = max(ATTN_CHUNK_MIN, (chunk + 15) & ~15);
-    const int k0 = s * chunk, k1 = min(n, k0 + chunk);
+    int k0, k1;
+    split_keys(pos[t] + 1, splits, s, k0, k1);
     const long long pidx = ((long long)t * nh + h) * splits + s;
     if (k0 >= k1) {
         if (tid == 0) {
@@ -299,10 +306,8 @@ extern "C" __global__ void paged_attention_split_bf16(
     const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
     const int row = tok_row[t];
     if (row < 0) return;
-    const int n = pos[t] + 1;
-    int chunk = (n + splits - 1) / splits;
-    chunk = max(ATTN_CHUNK_MIN, (chunk + 15) & ~15);
-    const int k0 = s * chunk, k1 = min(n, k0 + chunk);
+    int k0, k1;
+    split_keys(pos[t] + 1, splits, s, k0, k1);
     const long long pidx = ((long long)t * nh + h) * splits + s;
     if (k0 >= k1) {
         if (tid == 0) {
@@ -461,10 +466,8 @@ __device__ void attention_mma(const bf16* __restrict__ q, const bf16* __restrict
     const int g = lane >> 2, tq = lane & 3;
     const int row = tok_row[t];
     if (row < 0) return;
-    const int n = pos[t] + 1;
-    int chunk = (n + splits - 1) / splits;
-    chunk = max(ATTN_CHUNK_MIN, (chunk + 15) & ~15);
-    const int k0 = s * chunk, k1 = min(n, k0 + chunk);
+    int k0, k1;
+    split_keys(pos[t] + 1, splits, s, k0, k1);
     const long long pbase = ((long long)t * nh + kvh * G) * splits + s;  // + gi * splits
     if (k0 >= k1) {
         if (threadIdx.x < G) {
