@@ -658,6 +658,10 @@ impl SubServer {
         let running = std::mem::take(&mut self.running);
         let mut counts = vec![0u64; self.shared.names.len()];
         let mut credits = vec![0u64; self.shared.names.len()];
+        // Finished after the step's statistics are recorded, so a client that sees the end of
+        // its request also sees everything the request's last step counted (the warm-up
+        // resets the statistics when its requests end).
+        let mut done = Vec::new();
         for ((mut req, s), d) in running.into_iter().zip(sampled).zip(decisions) {
             // A pinned request never leaves its model.
             let to = if req.pinned.is_some() {
@@ -685,7 +689,7 @@ impl SubServer {
                     .with_label_values(&[self.name()])
                     .inc();
                 if let Some(reason) = req.finish_reason(self.shared.context_limit) {
-                    self.finish(req, Some(reason), out);
+                    done.push((req, reason));
                     continue;
                 }
             }
@@ -712,6 +716,9 @@ impl SubServer {
             for (t, c) in credits.into_iter().enumerate() {
                 cc[self.idx][t] += c;
             }
+        }
+        for (req, reason) in done {
+            self.finish(req, Some(reason), out);
         }
     }
 }
