@@ -1,27 +1,28 @@
-//! Building and running the engine from a config: load every model, check that they
-//! share a tokenizer, build each model's policy, then start one thread per sub-server plus
-//! the inter-model loop (async), or one lockstep driver (sync). `Engine` implements the
-//! server's `Backend` trait and offers a small library API (`generate`, `generate_stream`).
+//! Building and running the engine from a config: load every model (`load.rs`: shared
+//! tokenizer, each model's policy), then start one thread per sub-server plus the
+//! inter-model loop (async), or one lockstep driver (sync). `Engine` implements the server's
+//! `Backend` trait (`backend.rs`) and offers a small library API (`generate`,
+//! `generate_stream`).
 
-use crate::config::{ConfigError, EngineConfig, Execution, NamedModel};
+use crate::config::{ConfigError, EngineConfig, Execution};
 use crate::exchange::{Exchange, ToExchange};
 use crate::metrics::EngineMetrics;
-use crate::policy::{PolicyContext, Registry};
-use crate::request::Req;
+use crate::policy::Registry;
 use crate::subserver::{Inbound, Shared, SubServer};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokenrouter_api::{
-    Backend, ChatMessage, FinishReason, GenerateEvent, GenerateRequest, GenerateStream, ModelInfo,
-    SubmitError, TextError,
+    Backend, FinishReason, GenerateEvent, GenerateRequest, GenerateStream, ModelInfo, SubmitError,
 };
-use tokenrouter_runtime::{
-    check_shared_vocab, load_model, load_random_model, KvBudget, LoadOptions, Message, Sampler,
-    SamplingConfig, TextModel,
-};
+use tokenrouter_runtime::TextModel;
+
+mod backend;
+mod load;
+
+use load::load;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -67,182 +68,6 @@ struct Inner {
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
-}
-
-fn parse_device(spec: &str) -> Result<candle_core::Device, String> {
-    match spec {
-        "cpu" => Ok(candle_core::Device::Cpu),
-        s if s == "cuda" || s.starts_with("cuda:") => {
-            let n = s
-                .strip_prefix("cuda:")
-                .unwrap_or("0")
-                .parse::<usize>()
-                .map_err(|_| format!("bad device `{s}`"))?;
-            candle_core::Device::new_cuda(n).map_err(|e| format!("device `{s}`: {e}"))
-        }
-        other => Err(format!(
-            "unknown device `{other}` (use cpu, cuda or cuda:N)"
-        )),
-    }
-}
-
-fn parse_dtype(
-    spec: Option<&str>,
-    device: &candle_core::Device,
-) -> Result<candle_core::DType, String> {
-    use candle_core::DType;
-    match spec {
-        None => Ok(if device.is_cpu() {
-            DType::F32
-        } else {
-            DType::BF16
-        }),
-        Some("f32") | Some("float32") => Ok(DType::F32),
-        Some("bf16") | Some("bfloat16") => Ok(DType::BF16),
-        Some("f16") | Some("float16") => Ok(DType::F16),
-        Some(o) => Err(format!("unknown dtype `{o}` (use f32, bf16 or f16)")),
-    }
-}
-
-/// The config.json of a `random_weights` model: relative to the config file, else as given.
-fn shape_path(spec: &str, config_file: &Path) -> Result<PathBuf, String> {
-    let p = Path::new(spec);
-    let p = match config_file.parent() {
-        Some(dir) if p.is_relative() && dir.join(p).is_file() => dir.join(p),
-        _ => p.to_path_buf(),
-    };
-    if p.is_file() {
-        Ok(p)
-    } else {
-        Err(format!(
-            "random_weights needs model_path to be a config.json file; `{spec}` is not one"
-        ))
-    }
-}
-
-/// A model path relative to the config file if it exists there, else as given (path,
-/// model id or built-in name, resolved by the fetch crate).
-fn resolve_path(spec: &str, config_file: &Path) -> Result<PathBuf, String> {
-    if let Some(dir) = config_file.parent() {
-        let rel = dir.join(spec);
-        if !Path::new(spec).is_absolute() && rel.exists() {
-            return Ok(rel);
-        }
-    }
-    tokenrouter_fetch::resolve_model(spec)
-        .map(|l| l.path().to_path_buf())
-        .map_err(|e| e.to_string())
-}
-
-fn load(
-    config: &EngineConfig,
-    metrics: Arc<EngineMetrics>,
-    registry: &Registry,
-) -> Result<Loaded, EngineError> {
-    let models: Vec<NamedModel> = config.models()?;
-    let mut loaded = Vec::new();
-    for m in &models {
-        let err = |message: String| EngineError::Model {
-            model: m.name.clone(),
-            path: m.section.model_path.clone(),
-            message,
-        };
-        // The device first: a CPU-only build must not download a GPU model before failing.
-        let device = parse_device(&m.section.device).map_err(err)?;
-        let path = if m.section.random_weights {
-            shape_path(&m.section.model_path, &config.file).map_err(err)?
-        } else {
-            resolve_path(&m.section.model_path, &config.file).map_err(err)?
-        };
-        let dtype = parse_dtype(m.section.dtype.as_deref(), &device).map_err(err)?;
-        let opts = LoadOptions {
-            device,
-            kv: KvBudget::Tokens(m.section.kv_cache_tokens.unwrap_or(32_768)),
-            dtype,
-        };
-        tracing::info!(model = %m.name, path = %path.display(), "loading");
-        let lm = if m.section.random_weights {
-            // `model_path` is a config.json giving the shape; every model gets its own seed.
-            load_random_model(&path, &opts, 1 + loaded.len() as u64)
-        } else {
-            load_model(&path, &opts)
-        }
-        .map_err(|e| err(e.to_string()))?;
-        loaded.push((m, path, lm));
-    }
-    let pairs: Vec<(&str, &TextModel, usize)> = loaded
-        .iter()
-        .map(|(m, _, lm)| (m.name.as_str(), &lm.text, lm.runner.config().vocab_size))
-        .collect();
-    let shared_vocab = check_shared_vocab(&pairs)
-        .map_err(|e| EngineError::Start(format!("{}: {e}", config.file.display())))?;
-    let context_limit = loaded
-        .iter()
-        .map(|(_, _, lm)| lm.runner.max_len())
-        .min()
-        .unwrap_or(0);
-    let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
-    let entry_text = &loaded[0].2.text;
-    let token_text: Arc<Vec<String>> = Arc::new(
-        (0..shared_vocab.sample_limit as u32)
-            .map(|id| entry_text.decode(&[id], false).unwrap_or_default())
-            .collect(),
-    );
-    let thresholds = models
-        .iter()
-        .map(|m| m.section.delayed_batching_threshold.clone())
-        .collect();
-    let shared = Arc::new(Shared::new(
-        names.clone(),
-        context_limit,
-        thresholds,
-        metrics,
-    ));
-    let mut subs = Vec::new();
-    let mut infos = Vec::new();
-    let mut text = None;
-    for (idx, (m, path, lm)) in loaded.into_iter().enumerate() {
-        let runner = lm.runner;
-        let ctx = PolicyContext {
-            model: idx,
-            model_names: names.clone(),
-            token_text: token_text.clone(),
-            vocab_size: runner.config().vocab_size,
-            sample_limit: shared_vocab.sample_limit,
-            config_file: config.file.clone(),
-            embed: Some(runner.model().embedder()),
-            device: runner.model().device().clone(),
-        };
-        let class = m
-            .section
-            .scheduler_class
-            .clone()
-            .unwrap_or_else(|| "slm_only".into());
-        let policy = registry.build(&class, &m.section.scheduler_kwargs, &ctx)?;
-        infos.push(ModelInfo {
-            name: m.name.clone(),
-            source: path.display().to_string(),
-            context_length: runner.max_len(),
-        });
-        if idx == 0 {
-            text = Some(Arc::new(lm.text));
-        }
-        subs.push(SubServer::new(
-            idx,
-            runner,
-            policy,
-            shared_vocab.sample_limit,
-            config.system.max_batch_size,
-            shared.clone(),
-        ));
-    }
-    let text = text.ok_or_else(|| EngineError::Start("no models".into()))?;
-    Ok(Loaded {
-        subs,
-        text,
-        infos,
-        shared,
-    })
 }
 
 /// Async mode: one thread per sub-server, stepping at its own pace.
@@ -599,172 +424,4 @@ pub struct Generation {
     /// Which model wrote each token.
     pub sources: Vec<usize>,
     pub finish_reason: Option<FinishReason>,
-}
-
-impl Backend for Engine {
-    fn models(&self) -> Vec<ModelInfo> {
-        match self.inner.infos.get() {
-            Some(i) => i.clone(),
-            None => self
-                .inner
-                .config
-                .models()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|m| ModelInfo {
-                    name: m.name,
-                    source: m.section.model_path,
-                    context_length: 0,
-                })
-                .collect(),
-        }
-    }
-
-    fn is_ready(&self) -> bool {
-        self.inner.ready.load(Ordering::SeqCst) && self.inner.alive.load(Ordering::SeqCst)
-    }
-
-    fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
-        let t = self
-            .text()
-            .ok_or_else(|| TextError::Tokenizer("the models are still loading".into()))?;
-        t.encode(text)
-            .map_err(|e| TextError::Tokenizer(e.to_string()))
-    }
-
-    fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TextError> {
-        let t = self
-            .text()
-            .ok_or_else(|| TextError::Tokenizer("the models are still loading".into()))?;
-        t.decode(ids, skip_special)
-            .map_err(|e| TextError::Tokenizer(e.to_string()))
-    }
-
-    fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        kwargs: &serde_json::Value,
-    ) -> Result<String, TextError> {
-        let t = self
-            .text()
-            .ok_or_else(|| TextError::Template("the models are still loading".into()))?;
-        let msgs: Vec<Message> = messages
-            .iter()
-            .map(|m| Message {
-                role: m.role.clone(),
-                content: m.content.clone(),
-            })
-            .collect();
-        t.apply_chat_template(&msgs, add_generation_prompt, kwargs)
-            .map_err(|e| TextError::Template(e.to_string()))
-    }
-
-    fn submit(&self, request: GenerateRequest) -> Result<GenerateStream, SubmitError> {
-        if !self.is_ready() {
-            return Err(SubmitError::NotReady(
-                self.load_error()
-                    .unwrap_or_else(|| "the models are still loading".into()),
-            ));
-        }
-        self.submit_loaded(request)
-    }
-
-    fn metrics_text(&self) -> String {
-        self.inner.metrics.text()
-    }
-}
-
-impl Engine {
-    /// Forget request metrics served before now (see `EngineMetrics::reset_requests`).
-    pub(crate) fn reset_request_metrics(&self) {
-        self.inner.metrics.reset_requests();
-    }
-
-    /// `submit` once the loops run, before or after the engine reports ready (the warm-up
-    /// uses it before).
-    pub(crate) fn submit_loaded(
-        &self,
-        request: GenerateRequest,
-    ) -> Result<GenerateStream, SubmitError> {
-        let (Some(shared), Some(text)) = (self.inner.shared.get(), self.text()) else {
-            return Err(SubmitError::NotReady("the models are still loading".into()));
-        };
-        if request.prompt_ids.is_empty() {
-            return Err(SubmitError::InvalidRequest("the prompt is empty".into()));
-        }
-        if let Some(p) = request.pinned_model {
-            if p >= shared.names.len() {
-                return Err(SubmitError::InvalidRequest(format!(
-                    "no model with index {p}"
-                )));
-            }
-        }
-        if request.max_tokens == 0 {
-            return Err(SubmitError::InvalidRequest(
-                "max_tokens must be at least 1".into(),
-            ));
-        }
-        let need = request.prompt_ids.len() + request.max_tokens;
-        if need > shared.context_limit {
-            return Err(SubmitError::ContextTooLong {
-                prompt_tokens: request.prompt_ids.len(),
-                max_tokens: request.max_tokens,
-                context_length: shared.context_limit,
-            });
-        }
-        let limit = self.inner.config.system.max_queued_requests;
-        let active = shared.active.load(Ordering::SeqCst);
-        if active >= limit {
-            return Err(SubmitError::QueueFull {
-                queued: active,
-                limit,
-            });
-        }
-        let rid = self.inner.next_rid.fetch_add(1, Ordering::SeqCst);
-        let s = &request.sampling;
-        let seed = s.seed.unwrap_or_else(rand::random);
-        let cfg = SamplingConfig {
-            temperature: s.temperature,
-            top_p: s.top_p,
-            top_k: s.top_k,
-            min_p: s.min_p,
-            repetition_penalty: s.repetition_penalty,
-            presence_penalty: s.presence_penalty,
-            frequency_penalty: s.frequency_penalty,
-            logit_bias: s.logit_bias.clone(),
-        };
-        let sampler = Sampler::new(cfg, seed, &request.prompt_ids);
-        let mut stop_ids = request.stop_token_ids.clone();
-        if !request.ignore_eos {
-            stop_ids.extend_from_slice(text.eos_ids());
-        }
-        let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-        let req = Req::new(
-            rid,
-            request.prompt_ids,
-            sampler,
-            seed,
-            request.max_tokens,
-            stop_ids,
-            request.pinned_model,
-            request.top_logprobs,
-            etx,
-        );
-        let tx = self.inner.to_exchange.lock().ok().and_then(|t| t.clone());
-        let Some(tx) = tx else {
-            return Err(SubmitError::NotReady("the engine is shutting down".into()));
-        };
-        shared.active.fetch_add(1, Ordering::SeqCst);
-        self.inner.metrics.active.inc();
-        if tx.send(ToExchange::Submit(Box::new(req))).is_err() {
-            shared.active.fetch_sub(1, Ordering::SeqCst);
-            self.inner.metrics.active.dec();
-            return Err(SubmitError::NotReady("the engine has stopped".into()));
-        }
-        Ok(GenerateStream {
-            request_id: rid,
-            events: erx,
-        })
-    }
 }

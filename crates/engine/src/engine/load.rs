@@ -1,0 +1,191 @@
+//! Loading a config's models: device and dtype specs, model paths (relative to the config
+//! file, shape files for random weights), every model loaded and checked to share one
+//! tokenizer, each model's policy built, and one sub-server per model.
+
+use super::{EngineError, Loaded};
+use crate::config::{EngineConfig, NamedModel};
+use crate::metrics::EngineMetrics;
+use crate::policy::{PolicyContext, Registry};
+use crate::subserver::{Shared, SubServer};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokenrouter_api::ModelInfo;
+use tokenrouter_runtime::{
+    check_shared_vocab, load_model, load_random_model, KvBudget, LoadOptions, TextModel,
+};
+
+fn parse_device(spec: &str) -> Result<candle_core::Device, String> {
+    match spec {
+        "cpu" => Ok(candle_core::Device::Cpu),
+        s if s == "cuda" || s.starts_with("cuda:") => {
+            let n = s
+                .strip_prefix("cuda:")
+                .unwrap_or("0")
+                .parse::<usize>()
+                .map_err(|_| format!("bad device `{s}`"))?;
+            candle_core::Device::new_cuda(n).map_err(|e| format!("device `{s}`: {e}"))
+        }
+        other => Err(format!(
+            "unknown device `{other}` (use cpu, cuda or cuda:N)"
+        )),
+    }
+}
+
+fn parse_dtype(
+    spec: Option<&str>,
+    device: &candle_core::Device,
+) -> Result<candle_core::DType, String> {
+    use candle_core::DType;
+    match spec {
+        None => Ok(if device.is_cpu() {
+            DType::F32
+        } else {
+            DType::BF16
+        }),
+        Some("f32") | Some("float32") => Ok(DType::F32),
+        Some("bf16") | Some("bfloat16") => Ok(DType::BF16),
+        Some("f16") | Some("float16") => Ok(DType::F16),
+        Some(o) => Err(format!("unknown dtype `{o}` (use f32, bf16 or f16)")),
+    }
+}
+
+/// The config.json of a `random_weights` model: relative to the config file, else as given.
+fn shape_path(spec: &str, config_file: &Path) -> Result<PathBuf, String> {
+    let p = Path::new(spec);
+    let p = match config_file.parent() {
+        Some(dir) if p.is_relative() && dir.join(p).is_file() => dir.join(p),
+        _ => p.to_path_buf(),
+    };
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "random_weights needs model_path to be a config.json file; `{spec}` is not one"
+        ))
+    }
+}
+
+/// A model path relative to the config file if it exists there, else as given (path,
+/// model id or built-in name, resolved by the fetch crate).
+fn resolve_path(spec: &str, config_file: &Path) -> Result<PathBuf, String> {
+    if let Some(dir) = config_file.parent() {
+        let rel = dir.join(spec);
+        if !Path::new(spec).is_absolute() && rel.exists() {
+            return Ok(rel);
+        }
+    }
+    tokenrouter_fetch::resolve_model(spec)
+        .map(|l| l.path().to_path_buf())
+        .map_err(|e| e.to_string())
+}
+
+pub(super) fn load(
+    config: &EngineConfig,
+    metrics: Arc<EngineMetrics>,
+    registry: &Registry,
+) -> Result<Loaded, EngineError> {
+    let models: Vec<NamedModel> = config.models()?;
+    let mut loaded = Vec::new();
+    for m in &models {
+        let err = |message: String| EngineError::Model {
+            model: m.name.clone(),
+            path: m.section.model_path.clone(),
+            message,
+        };
+        // The device first: a CPU-only build must not download a GPU model before failing.
+        let device = parse_device(&m.section.device).map_err(err)?;
+        let path = if m.section.random_weights {
+            shape_path(&m.section.model_path, &config.file).map_err(err)?
+        } else {
+            resolve_path(&m.section.model_path, &config.file).map_err(err)?
+        };
+        let dtype = parse_dtype(m.section.dtype.as_deref(), &device).map_err(err)?;
+        let opts = LoadOptions {
+            device,
+            kv: KvBudget::Tokens(m.section.kv_cache_tokens.unwrap_or(32_768)),
+            dtype,
+        };
+        tracing::info!(model = %m.name, path = %path.display(), "loading");
+        let lm = if m.section.random_weights {
+            // `model_path` is a config.json giving the shape; every model gets its own seed.
+            load_random_model(&path, &opts, 1 + loaded.len() as u64)
+        } else {
+            load_model(&path, &opts)
+        }
+        .map_err(|e| err(e.to_string()))?;
+        loaded.push((m, path, lm));
+    }
+    let pairs: Vec<(&str, &TextModel, usize)> = loaded
+        .iter()
+        .map(|(m, _, lm)| (m.name.as_str(), &lm.text, lm.runner.config().vocab_size))
+        .collect();
+    let shared_vocab = check_shared_vocab(&pairs)
+        .map_err(|e| EngineError::Start(format!("{}: {e}", config.file.display())))?;
+    let context_limit = loaded
+        .iter()
+        .map(|(_, _, lm)| lm.runner.max_len())
+        .min()
+        .unwrap_or(0);
+    let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+    let entry_text = &loaded[0].2.text;
+    let token_text: Arc<Vec<String>> = Arc::new(
+        (0..shared_vocab.sample_limit as u32)
+            .map(|id| entry_text.decode(&[id], false).unwrap_or_default())
+            .collect(),
+    );
+    let thresholds = models
+        .iter()
+        .map(|m| m.section.delayed_batching_threshold.clone())
+        .collect();
+    let shared = Arc::new(Shared::new(
+        names.clone(),
+        context_limit,
+        thresholds,
+        metrics,
+    ));
+    let mut subs = Vec::new();
+    let mut infos = Vec::new();
+    let mut text = None;
+    for (idx, (m, path, lm)) in loaded.into_iter().enumerate() {
+        let runner = lm.runner;
+        let ctx = PolicyContext {
+            model: idx,
+            model_names: names.clone(),
+            token_text: token_text.clone(),
+            vocab_size: runner.config().vocab_size,
+            sample_limit: shared_vocab.sample_limit,
+            config_file: config.file.clone(),
+            embed: Some(runner.model().embedder()),
+            device: runner.model().device().clone(),
+        };
+        let class = m
+            .section
+            .scheduler_class
+            .clone()
+            .unwrap_or_else(|| "slm_only".into());
+        let policy = registry.build(&class, &m.section.scheduler_kwargs, &ctx)?;
+        infos.push(ModelInfo {
+            name: m.name.clone(),
+            source: path.display().to_string(),
+            context_length: runner.max_len(),
+        });
+        if idx == 0 {
+            text = Some(Arc::new(lm.text));
+        }
+        subs.push(SubServer::new(
+            idx,
+            runner,
+            policy,
+            shared_vocab.sample_limit,
+            config.system.max_batch_size,
+            shared.clone(),
+        ));
+    }
+    let text = text.ok_or_else(|| EngineError::Start("no models".into()))?;
+    Ok(Loaded {
+        subs,
+        text,
+        infos,
+        shared,
+    })
+}
