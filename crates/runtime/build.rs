@@ -1,12 +1,12 @@
-//! With the `cuda` feature, compile our fused kernels (kernels/fused.cu) to PTX with nvcc,
-//! for the compute capability in CUDA_COMPUTE_CAP (default 90: H100/H200). CPU builds do
-//! nothing here.
+//! With the `cuda` feature, compile our fused kernels (kernels/fused.cu, which includes the
+//! other files of kernels/) to PTX with nvcc, for the compute capability in CUDA_COMPUTE_CAP
+//! (default 90: H100/H200). CPU builds do nothing here.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-changed=kernels/fused.cu");
+    println!("cargo:rerun-if-changed=kernels");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;

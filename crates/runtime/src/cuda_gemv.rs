@@ -3,7 +3,7 @@
 //! kernels: the plain `Gemv` (`x W^T`), and variants with the neighbouring small ops folded
 //! in — RMSNorm of the residual stream as the input and silu*mul or the bias as the output
 //! (`GemvFolded`: qkv, gate_up) and the residual add as the output (`GemvResidual`: o and
-//! down projections). Kernels in kernels/fused.cu (`gemv_*`).
+//! down projections). Kernels in kernels/gemv.cuh (`gemv_*`).
 
 use crate::cuda_kernels::{alloc_bf16, cuda_only_op2, err, input_ptr, launch, ptr};
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;

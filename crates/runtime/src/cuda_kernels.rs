@@ -1,4 +1,5 @@
-//! Launchers for our fused bf16 CUDA kernels (kernels/fused.cu, compiled to PTX by build.rs).
+//! Launchers for our fused bf16 CUDA kernels (kernels/fused.cu with attention.cuh and
+//! gemv.cuh, compiled to PTX by build.rs).
 //! Each kernel is a candle custom op, so its output is an ordinary tensor on candle's stream
 //! and allocator; tensors a kernel reads besides its inputs (KV cache, step metadata, norm
 //! weights) are passed as raw device pointers taken from tensors the caller keeps alive.
@@ -11,7 +12,7 @@ use half::bf16;
 
 pub(crate) const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
 pub(crate) const MODULE: &str = "tokenrouter_fused";
-/// Must match ATTN_TILE / ATTN_THREADS in fused.cu.
+/// Must match ATTN_TILE / ATTN_THREADS in attention.cuh.
 const ATTN_TILE: usize = 512;
 const ATTN_THREADS: u32 = 128;
 
@@ -68,7 +69,7 @@ pub(crate) fn alloc_bf16(
 }
 
 /// Launch kernel `$name` of our module on the device's stream with the given arguments
-/// (references; they must match the kernel signature in fused.cu).
+/// (references; they must match the kernel signature in kernels/).
 macro_rules! launch {
     ($dev:expr, $name:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
         let func = $dev.get_or_load_custom_func(
@@ -79,7 +80,7 @@ macro_rules! launch {
         $crate::cuda_profile::mark($dev, $name)?;
         let mut b = func.builder();
         $( b.arg($arg); )*
-        // SAFETY: argument lists match the kernel signatures in fused.cu; pointers come
+        // SAFETY: argument lists match the kernel signatures in kernels/; pointers come
         // from live tensors of the sizes the kernels index (checked by the callers).
         unsafe { b.launch($cfg) }
             .map_err(|e| $crate::cuda_kernels::err(format!("{}: {e}", $name)))?;
@@ -301,7 +302,7 @@ const SPLIT_KERNEL_MAX_TOKENS: usize = 2;
 const MMA_WARPS: usize = 4;
 
 /// (query heads per KV head, head size) the tensor-core kernel exists for
-/// (kernels/fused.cu `ATTN_MMA`).
+/// (kernels/attention.cuh `ATTN_MMA`).
 fn mma_kernel_exists(group: usize, hd: usize) -> bool {
     (2..=8).contains(&group) && matches!(hd, 64 | 128)
 }
@@ -372,7 +373,7 @@ pub fn attention_splits(tokens: usize, heads: usize, max_ctx: Option<usize>) -> 
     }
 }
 
-/// Must match ATTN_CHUNK_MIN in fused.cu.
+/// Must match ATTN_CHUNK_MIN in attention.cuh.
 const ATTN_CHUNK_MIN: usize = 64;
 
 cuda_only_op1!(PagedAttention, "paged_attention");
