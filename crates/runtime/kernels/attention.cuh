@@ -16,6 +16,24 @@ __device__ __forceinline__ void split_keys(int n, int splits, int s, int& k0, in
     k1 = min(n, k0 + chunk);
 }
 
+// This lane's 8 values of a query head row, times `scale`, as f32.
+__device__ __forceinline__ void load_q8(const bf16* __restrict__ q, float scale, float* qr) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(q);
+    const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float2 f = __bfloat1622float2(q2[e]);
+        qr[2 * e] = f.x * scale;
+        qr[2 * e + 1] = f.y * scale;
+    }
+}
+
+// The partial of a split with no keys: nothing to add in the combine.
+__device__ __forceinline__ void mark_empty(float* part_ml, long long pidx) {
+    part_ml[2 * pidx] = -INFINITY;
+    part_ml[2 * pidx + 1] = 0.f;
+}
+
 // Split-K ("flash decoding") paged attention, pass 1. grid (tokens, nh, splits), block
 // ATTN_THREADS, shared: see PagedAttention::smem_bytes. Token t of row tok_row[t] (< 0:
 // skip) at absolute position pos[t] attends to cache positions 0..=pos[t] of its row
@@ -37,10 +55,7 @@ extern "C" __global__ void paged_attention_partial_bf16(
     split_keys(pos[t] + 1, splits, s, k0, k1);
     const long long pidx = ((long long)t * nh + h) * splits + s;
     if (k0 >= k1) {
-        if (tid == 0) {
-            part_ml[2 * pidx] = -INFINITY;
-            part_ml[2 * pidx + 1] = 0.f;
-        }
+        if (tid == 0) mark_empty(part_ml, pidx);
         return;
     }
     const int kvh = h / (nh / nkv);
@@ -55,16 +70,7 @@ extern "C" __global__ void paged_attention_partial_bf16(
     const long long kv_row = (long long)nkv * hd;
     const int* bt = block_tables + (long long)row * max_blocks;
     float qr[8];
-    {
-        const uint4 raw = *reinterpret_cast<const uint4*>(q + ((long long)t * nh + h) * hd + ld * 8);
-        const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float2 f = __bfloat1622float2(q2[e]);
-            qr[2 * e] = f.x * scale;
-            qr[2 * e + 1] = f.y * scale;
-        }
-    }
+    load_q8(q + ((long long)t * nh + h) * hd + ld * 8, scale, qr);
     float acc[8];
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[e] = 0.f;
@@ -198,10 +204,7 @@ extern "C" __global__ void paged_attention_split_bf16(
     split_keys(pos[t] + 1, splits, s, k0, k1);
     const long long pidx = ((long long)t * nh + h) * splits + s;
     if (k0 >= k1) {
-        if (tid == 0) {
-            part_ml[2 * pidx] = -INFINITY;
-            part_ml[2 * pidx + 1] = 0.f;
-        }
+        if (tid == 0) mark_empty(part_ml, pidx);
         combine_if_last(counters, t, h, nh, hd, splits, part_ml, part_acc, out);
         return;
     }
@@ -216,16 +219,7 @@ extern "C" __global__ void paged_attention_split_bf16(
     const int* bt = block_tables + (long long)row * max_blocks;
     const long long head_off = (long long)kvh * hd + ld * 8;
     float qr[8];
-    {
-        const uint4 raw = *reinterpret_cast<const uint4*>(q + ((long long)t * nh + h) * hd + ld * 8);
-        const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float2 f = __bfloat1622float2(q2[e]);
-            qr[2 * e] = f.x * scale;
-            qr[2 * e + 1] = f.y * scale;
-        }
-    }
+    load_q8(q + ((long long)t * nh + h) * hd + ld * 8, scale, qr);
     float acc[8];
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[e] = 0.f;

@@ -2,6 +2,30 @@
 // fold in): the plain `gemv_bf16_m*` and the variants with the input norm, bias, silu*mul or
 // residual add folded in (`gemv_norm_*`, `gemv_silu_*`, `gemv_resid_*`).
 
+// acc[m] += (16-byte chunk c of row m of x) . wv, for the M rows of x (f32).
+template <int M>
+__device__ __forceinline__ void dot_chunk(const uint4 wv, const bf16* __restrict__ x, int k,
+                                          int c, float* acc) {
+    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+    float wf[8];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float2 f = __bfloat1622float2(w2[e]);
+        wf[2 * e] = f.x;
+        wf[2 * e + 1] = f.y;
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const uint4 xv = reinterpret_cast<const uint4*>(x + (long long)m * k)[c];
+        const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 f = __bfloat1622float2(x2[e]);
+            acc[m] += wf[2 * e] * f.x + wf[2 * e + 1] * f.y;
+        }
+    }
+}
+
 // Skinny matmul y = x W^T for M <= 8 rows (decode steps): x [M, K], W [N, K] (row-major,
 // as stored), y [M, N], all bf16, f32 accumulation. One warp per output column n streams
 // W's row with 16-byte loads (weights are read once, at close to full bandwidth; x stays
@@ -18,27 +42,7 @@ __device__ void gemv_rows(const bf16* __restrict__ x, const bf16* __restrict__ w
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.f;
 #pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {
-        const uint4 wv = wr[c];
-        const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
-        float wf[8];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float2 f = __bfloat1622float2(w2[e]);
-            wf[2 * e] = f.x;
-            wf[2 * e + 1] = f.y;
-        }
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            const uint4 xv = reinterpret_cast<const uint4*>(x + (long long)m * k)[c];
-            const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float2 f = __bfloat1622float2(x2[e]);
-                acc[m] += wf[2 * e] * f.x + wf[2 * e + 1] * f.y;
-            }
-        }
-    }
+    for (int c = lane; c < chunks; c += 32) dot_chunk<M>(wr[c], x, k, c, acc);
 #pragma unroll
     for (int m = 0; m < M; m++) {
         const float v = warp_sum(acc[m]);
@@ -76,29 +80,6 @@ GEMV(8)
 #define OUT_BIAS 0
 #define OUT_RESID 1
 #define OUT_SILU 2
-
-template <int M>
-__device__ __forceinline__ void dot_chunk(const uint4 wv, const bf16* __restrict__ x, int k,
-                                          int c, float* acc) {
-    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
-    float wf[8];
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        const float2 f = __bfloat1622float2(w2[e]);
-        wf[2 * e] = f.x;
-        wf[2 * e + 1] = f.y;
-    }
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        const uint4 xv = reinterpret_cast<const uint4*>(x + (long long)m * k)[c];
-        const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float2 f = __bfloat1622float2(x2[e]);
-            acc[m] += wf[2 * e] * f.x + wf[2 * e + 1] * f.y;
-        }
-    }
-}
 
 template <int M, int IN, int OUT>
 __device__ void gemv_fused(const bf16* __restrict__ x, const bf16* __restrict__ norm_w,
