@@ -20,7 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 G=.gpu
-BIN=/tmp/tokenrouter
+BIN=$(mktemp /tmp/tokenrouter.XXXXXX)   # one copy per run: scripts/gpu_table_x2.sh runs two at once
 if [ -f $G/tokenrouter.xz ]; then xz -dc $G/tokenrouter.xz > $BIN; else cp $G/tokenrouter $BIN; fi
 chmod +x $BIN
 RUN="bash $G/run-on-gpu.sh $BIN"
@@ -93,9 +93,10 @@ fi
 
 if has routing; then
 echo "== 5. end-to-end routing"
-printf '#!/usr/bin/env bash\nexec bash %s %s "$@"\n' "$PWD/$G/run-on-gpu.sh" "$BIN" > /tmp/tr-wrapped
-chmod +x /tmp/tr-wrapped
-python3 scripts/gpu_routing.py --bin /tmp/tr-wrapped --out $OUT/routing ${ROUTING_ARGS:-} 2>&1 | tee $OUT/routing.txt | tail -12
+WRAP=$BIN-wrapped
+printf '#!/usr/bin/env bash\nexec bash %s %s "$@"\n' "$PWD/$G/run-on-gpu.sh" "$BIN" > $WRAP
+chmod +x $WRAP
+python3 scripts/gpu_routing.py --bin $WRAP --out $OUT/routing ${ROUTING_ARGS:-} 2>&1 | tee $OUT/routing.txt | tail -12
 fi
 
 echo "== SUMMARY"

@@ -10,6 +10,7 @@ One server per variant serves every concurrency level in turn.
 
 Usage: python3 scripts/gpu_routing.py --bin BIN [--concurrency 1 4 8 16] [--max-tokens 256]
        [--variants slm_only llm_only sync async delayed] [--out DIR] [--budget-s 420]
+       python3 scripts/gpu_routing.py --merge A/routing.json B/routing.json   (one table of both)
 """
 import argparse, json, os, re, signal, subprocess, sys, time, urllib.request
 
@@ -66,7 +67,8 @@ def step_stats(port):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
+    ap.add_argument("--bin")
+    ap.add_argument("--merge", nargs="+", help="print one table of these routing.json files")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--p", default="0.35")
@@ -75,6 +77,15 @@ def main():
     ap.add_argument("--out", default="/tmp/gpu_routing")
     ap.add_argument("--budget-s", type=float, default=420, help="stop starting new runs after this")
     args = ap.parse_args()
+    if args.merge:
+        rows = [r for f in args.merge for r in json.load(open(f))]
+        order = ["slm_only", "llm_only", "sync", "async", "delayed"]
+        seen = {r["variant"] for r in rows}
+        variants = [v for v in order if v in seen] + sorted(seen - set(order))
+        print_table(rows, variants, sorted({r["concurrency"] for r in rows}))
+        return
+    if not args.bin:
+        ap.error("--bin is required (or --merge)")
     os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
     rows = []
@@ -128,17 +139,26 @@ def main():
             except subprocess.TimeoutExpired:
                 srv.kill()
     json.dump(rows, open(os.path.join(args.out, "routing.json"), "w"), indent=1)
-    cs = args.concurrency
+    print_table(rows, args.variants, args.concurrency)
+
+def print_table(rows, variants, cs):
+    """Output tok/s per variant and concurrency, and delayed (or its first static:B) vs sync."""
     print("| variant | " + " | ".join(f"c={c} tok/s" for c in cs) + " | LLM share (last c) |")
     print("|---|" + "---|" * (len(cs) + 1))
-    for v in args.variants:
+    by = {}
+    for v in variants:
         rr = {r["concurrency"]: r for r in rows if r["variant"] == v}
         if not rr:
             continue
+        by[v] = rr
         cells = [f'{rr[c]["tok_s"]:.1f}' if c in rr else "-" for c in cs]
         last = rr[max(rr)]
         extra = f' (B={last["threshold"]:.0f}, planner {last["predicted"]:.0f})' if last.get("predicted") else ""
         print(f"| {v} | " + " | ".join(cells) + f' | {last["llm_share"]:.3f}{extra} |')
+    if "sync" in by and "delayed" in by:
+        cells = [f'{by["delayed"][c]["tok_s"] / by["sync"][c]["tok_s"]:.2f}x'
+                 if c in by["delayed"] and c in by["sync"] else "-" for c in cs]
+        print("| delayed / sync | " + " | ".join(cells) + " | |")
 
 if __name__ == "__main__":
     main()
