@@ -409,11 +409,11 @@ impl PagedAttention {
             part_acc.device_ptr(&stream).0,
         );
         let resolved = self.kernel.resolve(nh, nkv, hd);
-        let group = resolved.group(nh, nkv, hd);
         let key_groups = ATTN_THREADS as usize / (hd / 8);
         let split = resolved.split(t);
         let mma_name;
         let (kernel, smem_floats) = if resolved == AttentionKernel::Mma {
+            let group = nh / nkv;
             mma_name = format!("paged_attention_mma_bf16_g{group}_d{hd}");
             (mma_name.as_str(), MMA_WARPS * group * (hd + 2))
         } else if split {
@@ -432,7 +432,7 @@ impl PagedAttention {
             (0, 0)
         };
         let cfg = LaunchConfig {
-            grid_dim: (t as u32, (nh / group) as u32, splits as u32),
+            grid_dim: (t as u32, resolved.grid_heads(nh, nkv, hd) as u32, splits as u32),
             block_dim: (ATTN_THREADS, 1, 1),
             shared_mem_bytes: (smem_floats * 4) as u32,
         };

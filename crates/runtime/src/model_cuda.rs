@@ -135,6 +135,14 @@ impl Transformer {
                 .all(|l| matches!(l.qkv, Qkv::Fused(_)) && matches!(l.gate_up, GateUp::Fused(_)))
     }
 
+    /// Context splits of the attention kernel for a step of `tokens` (longest context
+    /// `max_ctx`, unknown for graphs), given the blocks per token of the kernel that runs.
+    pub(super) fn attention_splits(&self, tokens: usize, max_ctx: Option<usize>) -> usize {
+        let cfg = &self.cfg;
+        let heads = AttentionKernel::Auto.grid_heads(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        attention_splits(tokens, heads, max_ctx)
+    }
+
     fn rope_f32(&self) -> Result<&(Tensor, Tensor)> {
         if let Some(r) = self.rope_f32.get() {
             return Ok(r);
@@ -180,15 +188,7 @@ impl Transformer {
             tables: meta.section(base, 4),
             max_blocks: meta.max_blocks,
             block_size,
-            splits: attention_splits(
-                meta.tokens,
-                AttentionKernel::Auto.grid_heads(
-                    self.cfg.num_heads,
-                    self.cfg.num_kv_heads,
-                    self.cfg.head_dim,
-                ),
-                Some(meta.max_ctx),
-            ),
+            splits: self.attention_splits(meta.tokens, Some(meta.max_ctx)),
         };
         let h = self.layers_fused(x, &layout, &meta.long_rows, caches)?;
         let hn = if all_logits || meta.tokens == rows.len() {

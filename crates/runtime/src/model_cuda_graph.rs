@@ -177,15 +177,7 @@ impl Transformer {
             tables: sec(4),
             max_blocks: g.max_blocks,
             block_size,
-            splits: crate::cuda_kernels::attention_splits(
-                b,
-                crate::cuda_kernels::AttentionKernel::Auto.grid_heads(
-                    self.cfg.num_heads,
-                    self.cfg.num_kv_heads,
-                    self.cfg.head_dim,
-                ),
-                None,
-            ),
+            splits: self.attention_splits(b, None),
         };
         let h = self.layers_fused(x, &m, &[], caches)?;
         let logits = super::matmul_t(&h, &self.lm_head)?.to_dtype(DType::F32)?;
