@@ -432,7 +432,11 @@ impl PagedAttention {
             (0, 0)
         };
         let cfg = LaunchConfig {
-            grid_dim: (t as u32, resolved.grid_heads(nh, nkv, hd) as u32, splits as u32),
+            grid_dim: (
+                t as u32,
+                resolved.grid_heads(nh, nkv, hd) as u32,
+                splits as u32,
+            ),
             block_dim: (ATTN_THREADS, 1, 1),
             shared_mem_bytes: (smem_floats * 4) as u32,
         };
