@@ -13,7 +13,7 @@
 #   5. end-to-end routing throughput (scripts/gpu_routing.py: serve + bench, random p = 0.35).
 # Logs go to $OUT; a short table is printed last. STEPS picks sections (default all:
 # "check fused nomma ablate profile ours hf routing"; "nomma": steps with attention on CUDA
-# cores instead of tensor cores; "matmul": the skinny matmuls of MATMUL_MODELS alone at 1-64
+# cores instead of tensor cores; "nopdl": steps without programmatic dependent launch; "matmul": the skinny matmuls of MATMUL_MODELS alone at 1-64
 # rows, cuBLAS vs our gemv; "profile": GPU time per kernel of eager 1-2 row decode steps of
 # PROFILE_MODELS); ROUTING_ARGS is passed to gpu_routing.py.
 set -uo pipefail
@@ -61,6 +61,13 @@ if has nomma; then
 echo "== 4c. steps with attention on CUDA cores (one block per query head) instead of tensor cores"
 for m in qwen3-0.6b qwen3-32b; do
   TOKENROUTER_ATTN_MMA=0 timeout 200 $RUN bench-model --random-weights config/shapes/$m.json --device cuda:0 2>&1 | tee $OUT/nomma_$m.txt | grep '^|'
+done
+fi
+
+if has nopdl; then
+echo "== 4e. steps without programmatic dependent launch (TOKENROUTER_PDL=0, same binary)"
+for m in qwen3-0.6b qwen3-32b; do
+  TOKENROUTER_PDL=0 timeout 240 $RUN bench-model --random-weights config/shapes/$m.json --device cuda:0 2>&1 | tee $OUT/nopdl_$m.txt | grep '^|'
 done
 fi
 

@@ -48,6 +48,7 @@ extern "C" __global__ void paged_attention_partial_bf16(
     const int* __restrict__ tok_row, const int* __restrict__ pos, float* __restrict__ part_ml,
     float* __restrict__ part_acc, int nh, int nkv, int hd, int block_size, float scale,
     int splits, unsigned int* __restrict__ unused_counters, bf16* __restrict__ unused_out) {
+    pdl_begin();
     const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
     const int row = tok_row[t];
     if (row < 0) return;
@@ -197,6 +198,7 @@ extern "C" __global__ void paged_attention_split_bf16(
     const int* __restrict__ tok_row, const int* __restrict__ pos, float* __restrict__ part_ml,
     float* __restrict__ part_acc, int nh, int nkv, int hd, int block_size, float scale,
     int splits, unsigned int* __restrict__ counters, bf16* __restrict__ out) {
+    pdl_begin();
     const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
     const int row = tok_row[t];
     if (row < 0) return;
@@ -346,10 +348,27 @@ __device__ void attention_mma(const bf16* __restrict__ q, const bf16* __restrict
     const int t = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
+    const long long kv_row = (long long)nkv * HD;
+    // Positions and block tables come from the host, and the cached keys are not written by
+    // the previous kernel (it stores the step's own): start reading this chunk's first K/V
+    // rows, the block's share of the prefetch budget.
     const int row = tok_row[t];
+    int k0 = 0, k1 = 0;
+    if (row >= 0) {
+        split_keys(pos[t] + 1, splits, s, k0, k1);
+        const int* bt = block_tables + (long long)row * max_blocks;
+        const long long blocks = (long long)gridDim.x * gridDim.y * gridDim.z;
+        const int keys = (int)min((long long)(k1 - k0), PDL_PREFETCH_BUDGET / (blocks * 4 * HD));
+        for (int p = k0 + threadIdx.x; p < k0 + keys; p += blockDim.x) {
+            const long long at =
+                ((long long)bt[p / block_size] * block_size + p % block_size) * kv_row +
+                (long long)kvh * HD;
+            prefetch_l2(k_cache + at, HD * 2);
+            prefetch_l2(v_cache + at, HD * 2);
+        }
+    }
+    pdl_begin();
     if (row < 0) return;
-    int k0, k1;
-    split_keys(pos[t] + 1, splits, s, k0, k1);
     const long long pbase = ((long long)t * nh + kvh * G) * splits + s;  // + gi * splits
     if (k0 >= k1) {
         if (threadIdx.x < G) {
@@ -358,7 +377,6 @@ __device__ void attention_mma(const bf16* __restrict__ q, const bf16* __restrict
         }
         return;
     }
-    const long long kv_row = (long long)nkv * HD;
     const int* bt = block_tables + (long long)row * max_blocks;
     // Q fragments: row g is query head kvh * G + g (rows >= G are zero padding).
     uint32_t qa[2 * NJ][2];
@@ -536,6 +554,7 @@ ATTN_MMA(8, 128)
 extern "C" __global__ void paged_attention_combine_bf16(
     const int* __restrict__ tok_row, const float* __restrict__ part_ml,
     const float* __restrict__ part_acc, bf16* __restrict__ out, int nh, int hd, int splits) {
+    pdl_begin();
     const int t = blockIdx.x, h = blockIdx.y;
     if (tok_row[t] < 0) return;
     const long long base = ((long long)t * nh + h) * splits;

@@ -18,6 +18,51 @@
 
 typedef __nv_bfloat16 bf16;
 
+// Programmatic dependent launch (sm_90+; the launcher sets the launch attribute, see
+// cuda_kernels.rs `launch_kernel`). Before `pdl_wait()` a kernel touches nothing the
+// previous kernel in the stream writes: the wait blocks until that kernel has finished and
+// its writes are visible (a no-op for a kernel launched without the attribute).
+// `pdl_trigger()` lets the next kernel's blocks be scheduled (once every block of this one
+// has triggered or exited), so its launch and prologue (a matmul's weight prefetch) overlap
+// this kernel's work instead of following it.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The usual start: wait for the previous kernel, then let the next one launch.
+__device__ __forceinline__ void pdl_begin() {
+    pdl_wait();
+    pdl_trigger();
+}
+
+// Bytes a kernel prefetches into L2 before its wait, at most: a third of the H100/H200 L2,
+// so the prefetched lines outlive the previous kernel's (<= as many) bytes streamed meanwhile.
+#define PDL_PREFETCH_BUDGET (16u << 20)
+
+// Bring `bytes` (a multiple of 16, 16-byte aligned) at `p` into L2 without waiting.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// Prefetch the start of one of `rows` rows of `bytes` each that a kernel's blocks read
+// first: its share of PDL_PREFETCH_BUDGET (16-byte multiple), nothing below 16 bytes.
+__device__ __forceinline__ void prefetch_share(const void* p, long long bytes, long long rows) {
+    long long cap = (long long)PDL_PREFETCH_BUDGET / (rows > 0 ? rows : 1);
+    if (cap < bytes) bytes = cap;
+    bytes &= ~15ll;
+    if (bytes >= 16) prefetch_l2(p, (unsigned)bytes);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
     return v;
@@ -64,6 +109,7 @@ extern "C" __global__ void qk_norm_rope_store_bf16(
     const int* __restrict__ pos, const int* __restrict__ slots, bf16* __restrict__ q_out,
     bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int nh, int nkv, int hd,
     int interleaved) {
+    pdl_begin();
     extern __shared__ float smem[];
     float* x = smem;
     float* scratch = smem + hd;
@@ -123,6 +169,7 @@ extern "C" __global__ void qk_norm_rope_store_bf16(
 // out[t, i] = silu(gu[t, i]) * gu[t, inter + i]; rounding like HF's bf16 `act(gate) * up`.
 extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gu, bf16* __restrict__ out,
                                          long long tokens, long long inter) {
+    pdl_begin();
     const long long total = tokens * inter;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
@@ -234,6 +281,7 @@ __device__ void row_scale8(const bf16* x, const float* buf, const bf16* __restri
 extern "C" __global__ void add_rms_norm_bf16(bf16* __restrict__ x, const bf16* __restrict__ y,
                                              const bf16* __restrict__ w, bf16* __restrict__ out,
                                              int hidden, float eps) {
+    pdl_begin();
     extern __shared__ float smem[];
     float* buf = smem;
     float* scratch = smem + hidden;
@@ -264,6 +312,7 @@ extern "C" __global__ void add_rms_norm_bf16(bf16* __restrict__ x, const bf16* _
 extern "C" __global__ void embed_gather_bf16(const bf16* __restrict__ weight,
                                              const int* __restrict__ ids, bf16* __restrict__ out,
                                              int hidden) {
+    pdl_begin();
     const long long t = blockIdx.x;
     const bf16* src = weight + (long long)ids[t] * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[t * hidden + i] = src[i];

@@ -35,6 +35,12 @@ __device__ void gemv_rows(const bf16* __restrict__ x, const bf16* __restrict__ w
                           bf16* __restrict__ y, int n_out, int k) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = blockIdx.x * 8 + warp;
+    if (n < n_out && lane == 0) prefetch_share(w + (long long)n * k, 2ll * k, n_out);
+    pdl_wait();
+    // Small weights: let the next kernel start now (its prefetch fits L2 beside ours); large
+    // ones stream more than L2 holds, which would evict its prefetch: let it start at our end.
+    const bool early = 2ll * k * n_out <= PDL_PREFETCH_BUDGET;
+    if (early) pdl_trigger();
     if (n >= n_out) return;
     const uint4* wr = reinterpret_cast<const uint4*>(w + (long long)n * k);
     const int chunks = k / 8;
@@ -87,6 +93,20 @@ __device__ void gemv_fused(const bf16* __restrict__ x, const bf16* __restrict__ 
                            const bf16* __restrict__ bias, bf16* __restrict__ y, int cols,
                            int k) {
     extern __shared__ float gemv_smem[];
+    // The weights do not depend on the previous kernel: start reading the rows of this
+    // warp's first column (the grid's first columns), within the prefetch budget.
+    const long long first_rows = (long long)min(cols, gridDim.x * 8) * (OUT == OUT_SILU ? 2 : 1);
+    {
+        const int n = blockIdx.x * 8 + (threadIdx.x >> 5);
+        if ((threadIdx.x & 31) == 0 && n < cols) {
+            prefetch_share(w + (long long)n * k, 2ll * k, first_rows);
+            if (OUT == OUT_SILU) prefetch_share(w + (long long)(cols + n) * k, 2ll * k, first_rows);
+        }
+    }
+    pdl_wait();
+    // As in gemv_rows: the next kernel starts now only if our weights are small.
+    const bool early = 2ll * k * cols * (OUT == OUT_SILU ? 2 : 1) <= PDL_PREFETCH_BUDGET;
+    if (early) pdl_trigger();
     const bf16* xin = x;
     if (IN == IN_NORM) {
         float* scratch = gemv_smem;

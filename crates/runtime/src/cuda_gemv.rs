@@ -7,8 +7,8 @@
 
 use crate::cuda_kernels::{alloc_bf16, cuda_only_op2, err, input_ptr, launch, ptr};
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
-use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::CudaStorage;
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::cuda_backend::{CudaDevice, CudaStorage};
 use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Result, Shape, Tensor};
 
 fn gemv_enabled() -> bool {
@@ -102,22 +102,6 @@ pub struct GemvFolded {
     pub output: NormOutput,
 }
 
-/// Whether the input norm is folded into the skinny matmuls of a model with this hidden
-/// size: every block recomputes the norm (two batched 16-byte passes over the row), which
-/// saves a launch and an RMSNorm kernel of a single block per use (H200, Qwen3-32B step at 1
-/// row: 17.12 ms folded vs 17.62 ms with separate norms). `TOKENROUTER_FOLD_NORM_MAX_K`
-/// lowers the widest row folded (default: all that fit the shared memory).
-pub fn fold_norm(hidden: usize) -> bool {
-    static MAX_K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let max_k = *MAX_K.get_or_init(|| {
-        std::env::var("TOKENROUTER_FOLD_NORM_MAX_K")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(GEMV_NORM_MAX_K)
-    });
-    hidden <= max_k.min(GEMV_NORM_MAX_K)
-}
-
 /// Blocks of 256 threads resident per SM that a column-striding kernel is given.
 const BLOCKS_PER_SM: usize = 4;
 
@@ -133,24 +117,49 @@ impl GemvFolded {
     ) -> Result<(CudaStorage, Shape)> {
         let (m, k) = xl.shape().dims2()?;
         let (n, k2) = wl.shape().dims2()?;
-        let cols = match self.output {
-            NormOutput::Bias(_) => n,
-            NormOutput::SiluMul => n / 2,
-        };
-        if k != k2
-            || !(1..=FUSED_GEMV_MAX_ROWS).contains(&m)
-            || !k.is_multiple_of(8)
-            || (self.norm.is_some() && k > GEMV_NORM_MAX_K)
-            || (self.norm.is_none() && !matches!(self.output, NormOutput::SiluMul))
-            || (matches!(self.output, NormOutput::SiluMul) && !n.is_multiple_of(2))
-        {
+        if k != k2 {
             return Err(err(format!(
                 "gemv_folded shapes [{m}, {k}] x [{n}, {k2}]^T"
             )));
         }
         let (x_p, w_p) = (input_ptr(x, xl, "x")?, input_ptr(w, wl, "weight")?);
         let dev = &x.device;
+        let cols = self.cols(n);
         let (out, out_p) = alloc_bf16(dev, m * cols)?;
+        self.launch_into(dev, x_p, w_p, out_p, (m, n, k))?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((m, cols)),
+        ))
+    }
+
+    /// Output columns for a weight of `n` rows.
+    pub fn cols(&self, n: usize) -> usize {
+        match self.output {
+            NormOutput::Bias(_) => n,
+            NormOutput::SiluMul => n / 2,
+        }
+    }
+
+    /// The kernel on `x` at `x_p` (`[m, k]`) and `W` at `w_p` (`[n, k]`), writing `[m,
+    /// cols(n)]` to `out_p`.
+    pub(crate) fn launch_into(
+        &self,
+        dev: &CudaDevice,
+        x_p: u64,
+        w_p: u64,
+        out_p: u64,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<()> {
+        let cols = self.cols(n);
+        if !(1..=FUSED_GEMV_MAX_ROWS).contains(&m)
+            || !k.is_multiple_of(8)
+            || (self.norm.is_some() && k > GEMV_NORM_MAX_K)
+            || (self.norm.is_none() && !matches!(self.output, NormOutput::SiluMul))
+            || (matches!(self.output, NormOutput::SiluMul) && !n.is_multiple_of(2))
+        {
+            return Err(err(format!("gemv_folded shapes [{m}, {k}] x [{n}, {k}]^T")));
+        }
         let mut blocks = cols.div_ceil(8);
         if self.norm.is_some() {
             let sms = dev
@@ -190,10 +199,7 @@ impl GemvFolded {
             &cols_i,
             &k_i
         );
-        Ok((
-            CudaStorage::wrap_cuda_slice(out, dev.clone()),
-            Shape::from((m, cols)),
-        ))
+        Ok(())
     }
 }
 
@@ -223,12 +229,7 @@ impl InplaceOp2 for GemvResidual<'_> {
         let (m, n) = rl.shape().dims2()?;
         let (m2, k) = xl.shape().dims2()?;
         let wdims = self.weight.dims();
-        if m != m2
-            || !(1..=FUSED_GEMV_MAX_ROWS).contains(&m)
-            || !k.is_multiple_of(8)
-            || wdims != [n, k]
-            || self.weight.dtype() != DType::BF16
-        {
+        if m != m2 || wdims != [n, k] || self.weight.dtype() != DType::BF16 {
             return Err(err(format!(
                 "gemv_residual shapes [{m}, {n}] += [{m2}, {k}] x {wdims:?}^T"
             )));
@@ -238,27 +239,42 @@ impl InplaceOp2 for GemvResidual<'_> {
             input_ptr(x, xl, "x")?,
             ptr(Some(self.weight))?,
         );
-        let dev = &x.device;
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(8) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (null, eps, n_i, k_i) = (0u64, 0f32, n as i32, k as i32);
-        let name = format!("gemv_resid_bf16_m{m}");
-        launch!(
-            dev,
-            name.as_str(),
-            cfg,
-            &x_p,
-            &null,
-            &eps,
-            &w_p,
-            &null,
-            &r_p,
-            &n_i,
-            &k_i
-        );
-        Ok(())
+        gemv_residual(&x.device, r_p, x_p, w_p, (m, n, k))
     }
+}
+
+/// `resid += x W^T` on device addresses: `resid` `[m, n]`, `x` `[m, k]`, `W` `[n, k]`.
+pub(crate) fn gemv_residual(
+    dev: &CudaDevice,
+    r_p: u64,
+    x_p: u64,
+    w_p: u64,
+    (m, n, k): (usize, usize, usize),
+) -> Result<()> {
+    if !(1..=FUSED_GEMV_MAX_ROWS).contains(&m) || !k.is_multiple_of(8) {
+        return Err(err(format!(
+            "gemv_residual shapes [{m}, {n}] += [{m}, {k}] x [{n}, {k}]^T"
+        )));
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(8) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (null, eps, n_i, k_i) = (0u64, 0f32, n as i32, k as i32);
+    let name = format!("gemv_resid_bf16_m{m}");
+    launch!(
+        dev,
+        name.as_str(),
+        cfg,
+        &x_p,
+        &null,
+        &eps,
+        &w_p,
+        &null,
+        &r_p,
+        &n_i,
+        &k_i
+    );
+    Ok(())
 }

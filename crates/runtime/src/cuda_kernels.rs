@@ -5,7 +5,7 @@
 //! weights) are passed as raw device pointers taken from tensors the caller keeps alive.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{sys, DevicePtr, LaunchConfig};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor};
 use half::bf16;
@@ -68,22 +68,79 @@ pub(crate) fn alloc_bf16(
     Ok((out, p))
 }
 
+/// Whether our kernels are launched with programmatic dependent launch: compute capability
+/// 9.0 and later (where kernels/fused.cu's `pdl_begin` exists), unless `TOKENROUTER_PDL=0`.
+/// Each kernel then starts while the previous one finishes (its blocks wait inside for the
+/// previous kernel's writes), so the launch gap and a matmul's weight prefetch overlap the
+/// previous kernel instead of following it.
+pub fn pdl_enabled(dev: &CudaDevice) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("TOKENROUTER_PDL").map_or(true, |v| v != "0")
+            && dev
+                .cuda_stream()
+                .context()
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+                .is_ok_and(|major| major >= 9)
+    })
+}
+
+/// Launch kernel `name` of our module on the device's stream; `args` point at the kernel's
+/// arguments in order (see `launch!`).
+pub(crate) fn launch_kernel(
+    dev: &CudaDevice,
+    name: &str,
+    cfg: LaunchConfig,
+    args: &mut [*mut std::ffi::c_void],
+) -> Result<()> {
+    let func = dev.get_or_load_custom_func(name, MODULE, PTX)?;
+    crate::cuda_profile::mark(dev, name)?;
+    let stream = dev.cuda_stream();
+    let fail =
+        |e: candle_core::cuda_backend::cudarc::driver::DriverError| err(format!("{name}: {e}"));
+    stream.context().bind_to_thread().map_err(fail)?;
+    // SAFETY: a zeroed attribute value is valid (plain integers); the field set is the one
+    // the attribute id selects.
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value: unsafe { std::mem::zeroed() },
+    };
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: u32::from(pdl_enabled(dev)),
+    };
+    // SAFETY: `args` match the kernel signature in kernels/ (the `launch!` callers); pointers
+    // they carry come from live tensors of the sizes the kernels index (checked by the
+    // callers); `config` and `attr` outlive the call.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            func.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(fail)
+}
+
 /// Launch kernel `$name` of our module on the device's stream with the given arguments
 /// (references; they must match the kernel signature in kernels/).
 macro_rules! launch {
     ($dev:expr, $name:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
-        let func = $dev.get_or_load_custom_func(
-            $name,
-            $crate::cuda_kernels::MODULE,
-            $crate::cuda_kernels::PTX,
-        )?;
-        $crate::cuda_profile::mark($dev, $name)?;
-        let mut b = func.builder();
-        $( b.arg($arg); )*
-        // SAFETY: argument lists match the kernel signatures in kernels/; pointers come
-        // from live tensors of the sizes the kernels index (checked by the callers).
-        unsafe { b.launch($cfg) }
-            .map_err(|e| $crate::cuda_kernels::err(format!("{}: {e}", $name)))?;
+        let mut args: Vec<*mut std::ffi::c_void> =
+            vec![$( ($arg) as *const _ as *mut std::ffi::c_void ),*];
+        $crate::cuda_kernels::launch_kernel($dev, $name, $cfg, &mut args)?;
     }};
 }
 pub(crate) use launch;
@@ -208,6 +265,23 @@ impl NormRopeStore {
         let base = input_ptr(qkv, layout, "qkv")?;
         let dev = &qkv.device;
         let (out, out_p) = alloc_bf16(dev, t * nh * hd)?;
+        self.launch_into(dev, base, out_p)?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((t, nh * hd)),
+        ))
+    }
+
+    /// The kernel on the fused qkv projection at device address `base` (`[tokens, (nh + 2
+    /// nkv) * hd]`), writing roped q (`[tokens, nh * hd]`) to `q_out`.
+    pub(crate) fn launch_into(&self, dev: &CudaDevice, base: u64, q_out: u64) -> Result<()> {
+        let (nh, nkv, hd, t) = (
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.tokens,
+        );
+        let width = (nh + 2 * nkv) * hd;
         let (q, k, v) = (
             base,
             base + (nh * hd * 2) as u64,
@@ -240,7 +314,7 @@ impl NormRopeStore {
             &self.sin,
             &self.pos,
             &self.slots,
-            &out_p,
+            &q_out,
             &self.k_cache,
             &self.v_cache,
             &nh_i,
@@ -248,10 +322,7 @@ impl NormRopeStore {
             &hd_i,
             &inter
         );
-        Ok((
-            CudaStorage::wrap_cuda_slice(out, dev.clone()),
-            Shape::from((t, nh * hd)),
-        ))
+        Ok(())
     }
 }
 
@@ -366,12 +437,17 @@ pub fn head_dim_supported(hd: usize) -> bool {
 /// `max_ctx` (None: unknown, as in a CUDA graph): aim at ~2048 blocks, at most 16 splits,
 /// no split shorter than the kernel's minimum chunk.
 pub fn attention_splits(tokens: usize, heads: usize, max_ctx: Option<usize>) -> usize {
-    let want = 2048usize.div_ceil((tokens * heads).max(1)).clamp(1, 16);
+    let want = 2048usize
+        .div_ceil((tokens * heads).max(1))
+        .clamp(1, MAX_ATTENTION_SPLITS);
     match max_ctx {
         Some(n) => want.min(n.div_ceil(ATTN_CHUNK_MIN)).max(1),
         None => want,
     }
 }
+
+/// Most context splits `attention_splits` gives.
+pub const MAX_ATTENTION_SPLITS: usize = 16;
 
 /// Must match ATTN_CHUNK_MIN in attention.cuh.
 const ATTN_CHUNK_MIN: usize = 64;
@@ -382,6 +458,48 @@ impl PagedAttention {
     /// Input: roped q `[tokens, nh * hd]`; output: attention `[tokens, nh * hd]` (rows of
     /// skipped tokens are left unwritten).
     fn cuda(&self, q: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (nh, hd) = (self.num_heads, self.head_dim);
+        let (t, width) = layout.shape().dims2()?;
+        if width != nh * hd {
+            return Err(err(format!("q width {width}, want {}", nh * hd)));
+        }
+        let q_p = input_ptr(q, layout, "q")?;
+        let dev = &q.device;
+        let (out, out_p) = alloc_bf16(dev, t * width)?;
+        let parts = self.parts(t);
+        // SAFETY: the partial kernel writes every (token, head, split) it is launched for;
+        // the combine kernel reads only those of tokens the partial kernel did not skip.
+        let part_ml = unsafe { dev.alloc::<f32>(2 * parts.max(1)) }?;
+        let part_acc = unsafe { dev.alloc::<f32>((parts * hd).max(1)) }?;
+        let stream = dev.cuda_stream();
+        let parts_p = (
+            part_ml.device_ptr(&stream).0,
+            part_acc.device_ptr(&stream).0,
+        );
+        self.launch_into(dev, q_p, t, out_p, parts_p)?;
+        drop((part_ml, part_acc));
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((t, width)),
+        ))
+    }
+
+    /// (token, head, split) partial results of a step of `tokens` tokens: `part_ml` holds 2
+    /// and `part_acc` `head_dim` f32 per partial.
+    pub(crate) fn parts(&self, tokens: usize) -> usize {
+        tokens * self.num_heads * self.splits.max(1)
+    }
+
+    /// Both passes on roped q at `q_p` (`[t, nh * hd]`), writing the attention to `out_p`
+    /// (same shape) through the partial buffers `(part_ml, part_acc)` (see `parts`).
+    pub(crate) fn launch_into(
+        &self,
+        dev: &CudaDevice,
+        q_p: u64,
+        t: usize,
+        out_p: u64,
+        (ml_p, acc_p): (u64, u64),
+    ) -> Result<()> {
         let (nh, nkv, hd, splits) = (
             self.num_heads,
             self.num_kv_heads,
@@ -391,23 +509,6 @@ impl PagedAttention {
         if !head_dim_supported(hd) || nkv == 0 || !nh.is_multiple_of(nkv) {
             return Err(err(format!("unsupported heads {nh}/{nkv} x {hd}")));
         }
-        let (t, width) = layout.shape().dims2()?;
-        if width != nh * hd {
-            return Err(err(format!("q width {width}, want {}", nh * hd)));
-        }
-        let q_p = input_ptr(q, layout, "q")?;
-        let dev = &q.device;
-        let (out, out_p) = alloc_bf16(dev, t * width)?;
-        let parts = t * nh * splits;
-        // SAFETY: the partial kernel writes every (token, head, split) it is launched for;
-        // the combine kernel reads only those of tokens the partial kernel did not skip.
-        let part_ml = unsafe { dev.alloc::<f32>(2 * parts.max(1)) }?;
-        let part_acc = unsafe { dev.alloc::<f32>((parts * hd).max(1)) }?;
-        let stream = dev.cuda_stream();
-        let (ml_p, acc_p) = (
-            part_ml.device_ptr(&stream).0,
-            part_acc.device_ptr(&stream).0,
-        );
         let resolved = self.kernel.resolve(nh, nkv, hd);
         let key_groups = ATTN_THREADS as usize / (hd / 8);
         let split = resolved.split(t);
@@ -472,11 +573,7 @@ impl PagedAttention {
             &combined_out
         );
         if in_kernel_combine {
-            drop((part_ml, part_acc));
-            return Ok((
-                CudaStorage::wrap_cuda_slice(out, dev.clone()),
-                Shape::from((t, width)),
-            ));
+            return Ok(());
         }
         let cfg = LaunchConfig {
             grid_dim: (t as u32, nh as u32, 1),
@@ -495,11 +592,7 @@ impl PagedAttention {
             &ints[3],
             &ints[5]
         );
-        drop((part_ml, part_acc));
-        Ok((
-            CudaStorage::wrap_cuda_slice(out, dev.clone()),
-            Shape::from((t, width)),
-        ))
+        Ok(())
     }
 }
 

@@ -164,6 +164,9 @@ pub struct Transformer {
     cuda_graphs: bool,
     #[cfg(feature = "cuda")]
     graphs: std::sync::Mutex<Option<model_cuda_graph::DecodeGraphs>>,
+    /// Buffers of the 1-2 token steps' layers, made on first use (`model_cuda.rs`).
+    #[cfg(feature = "cuda")]
+    gemv_scratch: std::sync::Mutex<Option<model_cuda::GemvScratch>>,
     device: Device,
 }
 
@@ -244,6 +247,8 @@ impl Transformer {
             cuda_graphs: std::env::var("TOKENROUTER_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             #[cfg(feature = "cuda")]
             graphs: std::sync::Mutex::new(None),
+            #[cfg(feature = "cuda")]
+            gemv_scratch: std::sync::Mutex::new(None),
             device: device.clone(),
         })
     }

@@ -10,12 +10,11 @@ use super::{ForwardOutput, GateUp, Qkv, Transformer};
 use crate::attention::{HeadDims, RowSpan};
 use crate::attention_device::{CachedRow, TensorKv};
 use crate::cuda_gemv::{
-    fold_norm, fused_gemv_enabled, Gemv, GemvFolded, GemvResidual, NormOutput, FUSED_GEMV_MAX_ROWS,
-    GEMV_NORM_MAX_K,
+    fused_gemv_enabled, gemv_residual, GemvFolded, NormOutput, FUSED_GEMV_MAX_ROWS, GEMV_NORM_MAX_K,
 };
 use crate::cuda_kernels::{
     attention_splits, ptr, AddRmsNorm, AttentionKernel, EmbedGather, NormRopeStore, PagedAttention,
-    SiluMul, ATTN_COUNTERS,
+    SiluMul, ATTN_COUNTERS, MAX_ATTENTION_SPLITS,
 };
 use crate::kv::BlockTable;
 use candle_core::quantized::QMatMul;
@@ -271,39 +270,27 @@ impl Transformer {
 
     /// `layers_fused` for 1-2 tokens: per layer qkv (input norm folded in), norm+RoPE+store,
     /// attention, o (residual add folded in), gate_up (input norm and silu*mul folded in),
-    /// down (residual add folded in). Rows wider than `TOKENROUTER_FOLD_NORM_MAX_K` keep
-    /// their input norms as kernels of their own (see `fold_norm`).
+    /// down (residual add folded in). The kernels write into the model's scratch buffers
+    /// instead of new tensors: with no allocation between them they follow each other
+    /// directly in the stream (and in a CUDA graph), which programmatic dependent launch
+    /// needs to overlap them (`cuda_kernels::pdl_enabled`).
     fn layers_gemv(&self, x: Tensor, m: &MetaPtrs, caches: &[TensorKv]) -> Result<Tensor> {
-        let eps = self.cfg.rms_norm_eps as f32;
-        let fold = fold_norm(self.cfg.hidden_size);
-        // `norm(x) W^T` then `output`: one kernel, or a norm kernel and the matmul.
-        let normed_matmul = |norm: &Tensor, w: &Tensor, output: NormOutput| -> Result<Tensor> {
-            if fold {
-                return x.apply_op2_no_bwd(
-                    w,
-                    &GemvFolded {
-                        norm: Some(ptr(Some(norm))?),
-                        eps,
-                        output,
-                    },
-                );
-            }
-            let h = x.apply_op1_no_bwd(&AddRmsNorm {
-                weight: ptr(Some(norm))?,
-                eps,
-            })?;
-            match output {
-                NormOutput::SiluMul => h.apply_op2_no_bwd(
-                    w,
-                    &GemvFolded {
-                        norm: None,
-                        eps,
-                        output,
-                    },
-                ),
-                NormOutput::Bias(_) => h.apply_op2_no_bwd(w, &Gemv),
-            }
+        let cfg = &self.cfg;
+        let dev = self.device.as_cuda_device()?;
+        let eps = cfg.rms_norm_eps as f32;
+        let mut guard = self
+            .gemv_scratch
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("gemv scratch poisoned".into()))?;
+        if guard.is_none() {
+            *guard = Some(GemvScratch::new(self)?);
+        }
+        let Some(scratch) = guard.as_ref() else {
+            return Err(candle_core::Error::Msg("gemv scratch missing".into()));
         };
+        let s = scratch.ptrs()?;
+        let (t, hidden) = (m.tokens, cfg.hidden_size);
+        let x_p = ptr(Some(&x))?;
         for (li, layer) in self.layers.iter().enumerate() {
             let (Qkv::Fused(qkv_proj), GateUp::Fused(gate_up)) = (&layer.qkv, &layer.gate_up)
             else {
@@ -312,23 +299,51 @@ impl Transformer {
                 ));
             };
             let (w_qkv, b_qkv) = dense(qkv_proj)?;
-            let mut qkv = normed_matmul(&layer.attn_norm, w_qkv, NormOutput::Bias(ptr(b_qkv)?))?;
-            if let (Some(b), false) = (b_qkv, fold) {
-                qkv = qkv.broadcast_add(b)?;
+            GemvFolded {
+                norm: Some(ptr(Some(&layer.attn_norm))?),
+                eps,
+                output: NormOutput::Bias(ptr(b_qkv)?),
             }
-            let (_, attn) = self.attend(layer, &qkv, m, &caches[li])?;
-            x.inplace_op2(
-                &attn,
-                &GemvResidual {
-                    weight: dense(&layer.o)?.0,
-                },
+            .launch_into(
+                dev,
+                x_p,
+                ptr(Some(w_qkv))?,
+                s.qkv,
+                (t, w_qkv.dim(0)?, hidden),
             )?;
-            let act = normed_matmul(&layer.mlp_norm, dense(gate_up)?.0, NormOutput::SiluMul)?;
-            x.inplace_op2(
-                &act,
-                &GemvResidual {
-                    weight: dense(&layer.down)?.0,
-                },
+            self.norm_rope_store(layer, m, &caches[li])?
+                .launch_into(dev, s.qkv, s.q)?;
+            let attention = self.paged_attention(m, &caches[li])?;
+            if attention.parts(t) > scratch.parts {
+                return Err(candle_core::Error::Msg(format!(
+                    "attention needs {} partials, scratch has {}",
+                    attention.parts(t),
+                    scratch.parts
+                )));
+            }
+            attention.launch_into(dev, s.q, t, s.attn, (s.part_ml, s.part_acc))?;
+            let w_o = dense(&layer.o)?.0;
+            gemv_residual(dev, x_p, s.attn, ptr(Some(w_o))?, (t, hidden, w_o.dim(1)?))?;
+            let w_gu = dense(gate_up)?.0;
+            GemvFolded {
+                norm: Some(ptr(Some(&layer.mlp_norm))?),
+                eps,
+                output: NormOutput::SiluMul,
+            }
+            .launch_into(
+                dev,
+                x_p,
+                ptr(Some(w_gu))?,
+                s.act,
+                (t, w_gu.dim(0)?, hidden),
+            )?;
+            let w_down = dense(&layer.down)?.0;
+            gemv_residual(
+                dev,
+                x_p,
+                s.act,
+                ptr(Some(w_down))?,
+                (t, hidden, w_down.dim(1)?),
             )?;
         }
         x.apply_op1_no_bwd(&AddRmsNorm {
@@ -353,45 +368,45 @@ impl Transformer {
         }
     }
 
-    /// q/k norm, RoPE and the K/V store of the fused `qkv` projection, then paged attention
-    /// of the kernel-attended tokens: (roped q, attention output).
-    fn attend(
+    /// The q/k norm, RoPE and K/V store kernel of `layer` for the step `m`.
+    fn norm_rope_store(
         &self,
         layer: &super::Layer,
-        qkv: &Tensor,
         m: &MetaPtrs,
         cache: &TensorKv,
-    ) -> Result<(Tensor, Tensor)> {
-        let cfg = &self.cfg;
+    ) -> Result<NormRopeStore> {
         let dims = self.head_dims();
         let (cos, sin) = self.rope_f32()?;
-        let interleaved = self.rope.parts().3 == crate::config::RopeStyle::Interleaved;
-        let (k_cache, v_cache) = (ptr(Some(&cache.k))?, ptr(Some(&cache.v))?);
-        let q = qkv.apply_op1_no_bwd(&NormRopeStore {
+        Ok(NormRopeStore {
             tokens: m.tokens,
             num_heads: dims.num_heads,
             num_kv_heads: dims.num_kv_heads,
             head_dim: dims.head_dim,
             q_norm: ptr(layer.q_norm.as_ref())?,
             k_norm: ptr(layer.k_norm.as_ref())?,
-            eps: cfg.rms_norm_eps as f32,
+            eps: self.cfg.rms_norm_eps as f32,
             cos: ptr(Some(cos))?,
             sin: ptr(Some(sin))?,
             pos: m.pos,
             slots: m.slots,
-            k_cache,
-            v_cache,
-            interleaved,
-        })?;
-        let attn = q.apply_op1_no_bwd(&PagedAttention {
+            k_cache: ptr(Some(&cache.k))?,
+            v_cache: ptr(Some(&cache.v))?,
+            interleaved: self.rope.parts().3 == crate::config::RopeStyle::Interleaved,
+        })
+    }
+
+    /// The paged-attention kernels for the step `m` over one layer's cache.
+    fn paged_attention(&self, m: &MetaPtrs, cache: &TensorKv) -> Result<PagedAttention> {
+        let dims = self.head_dims();
+        Ok(PagedAttention {
             num_heads: dims.num_heads,
             num_kv_heads: dims.num_kv_heads,
             head_dim: dims.head_dim,
             block_size: m.block_size,
             max_blocks: m.max_blocks,
             splits: m.splits,
-            k_cache,
-            v_cache,
+            k_cache: ptr(Some(&cache.k))?,
+            v_cache: ptr(Some(&cache.v))?,
             block_tables: m.tables,
             tok_row: m.tok_row,
             pos: m.pos,
@@ -401,7 +416,75 @@ impl Transformer {
                 0
             },
             kernel: AttentionKernel::Auto,
-        })?;
+        })
+    }
+
+    /// q/k norm, RoPE and the K/V store of the fused `qkv` projection, then paged attention
+    /// of the kernel-attended tokens: (roped q, attention output).
+    fn attend(
+        &self,
+        layer: &super::Layer,
+        qkv: &Tensor,
+        m: &MetaPtrs,
+        cache: &TensorKv,
+    ) -> Result<(Tensor, Tensor)> {
+        let q = qkv.apply_op1_no_bwd(&self.norm_rope_store(layer, m, cache)?)?;
+        let attn = q.apply_op1_no_bwd(&self.paged_attention(m, cache)?)?;
         Ok((q, attn))
+    }
+}
+
+/// Device buffers of `layers_gemv` for up to `FUSED_GEMV_MAX_ROWS` tokens, reused by every
+/// layer and step of one model (its steps run one at a time on the model's stream; the
+/// mutex around it keeps it so).
+pub(super) struct GemvScratch {
+    qkv: Tensor,
+    q: Tensor,
+    attn: Tensor,
+    act: Tensor,
+    part_ml: Tensor,
+    part_acc: Tensor,
+    /// Attention partials the buffers hold.
+    parts: usize,
+}
+
+/// Device addresses of a [`GemvScratch`]'s buffers.
+struct ScratchPtrs {
+    qkv: u64,
+    q: u64,
+    attn: u64,
+    act: u64,
+    part_ml: u64,
+    part_acc: u64,
+}
+
+impl GemvScratch {
+    fn new(model: &Transformer) -> Result<Self> {
+        let cfg = &model.cfg;
+        let rows = FUSED_GEMV_MAX_ROWS;
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let parts = rows * nh * MAX_ATTENTION_SPLITS;
+        let dev = &model.device;
+        let bf16 = |n: usize| Tensor::zeros(n, DType::BF16, dev);
+        Ok(Self {
+            qkv: bf16(rows * (nh + 2 * nkv) * hd)?,
+            q: bf16(rows * nh * hd)?,
+            attn: bf16(rows * nh * hd)?,
+            act: bf16(rows * cfg.intermediate_size)?,
+            part_ml: Tensor::zeros(2 * parts, DType::F32, dev)?,
+            part_acc: Tensor::zeros(parts * hd, DType::F32, dev)?,
+            parts,
+        })
+    }
+
+    fn ptrs(&self) -> Result<ScratchPtrs> {
+        Ok(ScratchPtrs {
+            qkv: ptr(Some(&self.qkv))?,
+            q: ptr(Some(&self.q))?,
+            attn: ptr(Some(&self.attn))?,
+            act: ptr(Some(&self.act))?,
+            part_ml: ptr(Some(&self.part_ml))?,
+            part_acc: ptr(Some(&self.part_acc))?,
+        })
     }
 }
