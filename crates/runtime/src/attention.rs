@@ -28,18 +28,19 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
+    /// The angles as llama.cpp computes them (`ggml_rope_cache_init`): in f32, `theta =
+    /// pos` times `base^(-2 / head_dim)` once per pair, `cosf` / `sinf` of each.
     pub fn new(head_dim: usize, theta: f64, max_pos: usize, style: RopeStyle) -> Self {
         let half = head_dim / 2;
-        let inv: Vec<f64> = (0..half)
-            .map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64))
-            .collect();
+        let theta_scale = (theta as f32).powf(-2.0 / head_dim as f32);
         let mut cos = Vec::with_capacity(max_pos * half);
         let mut sin = Vec::with_capacity(max_pos * half);
         for p in 0..max_pos {
-            for f in &inv {
-                let a = p as f64 * f;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
+            let mut a = p as f32;
+            for _ in 0..half {
+                cos.push(a.cos());
+                sin.push(a.sin());
+                a *= theta_scale;
             }
         }
         Self {
@@ -70,20 +71,23 @@ impl RopeTable {
             RopeStyle::HalfSplit => {
                 let (a, b) = x.split_at_mut(h);
                 for i in 0..h {
-                    let (x0, x1) = (a[i], b[i]);
-                    a[i] = x0 * c[i] - x1 * s[i];
-                    b[i] = x0 * s[i] + x1 * c[i];
+                    (a[i], b[i]) = rotate(a[i], b[i], c[i], s[i]);
                 }
             }
             RopeStyle::Interleaved => {
                 for i in 0..h {
-                    let (x0, x1) = (x[2 * i], x[2 * i + 1]);
-                    x[2 * i] = x0 * c[i] - x1 * s[i];
-                    x[2 * i + 1] = x0 * s[i] + x1 * c[i];
+                    (x[2 * i], x[2 * i + 1]) = rotate(x[2 * i], x[2 * i + 1], c[i], s[i]);
                 }
             }
         }
     }
+}
+
+/// `(x0 cos - x1 sin, x0 sin + x1 cos)` with the fused multiply-adds GCC makes of
+/// llama.cpp's `rotate_pairs` (its first product fused with the other term).
+#[inline]
+fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
+    (x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c))
 }
 
 /// Output pointer shared by pool workers that write disjoint slices.
@@ -107,22 +111,77 @@ pub struct HeadDims {
     pub head_dim: usize,
 }
 
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorise without fast-math.
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
+/// ggml's `ggml_vec_dot_f16` order (AVX2): four accumulators of eight lanes over 32-value
+/// steps, `acc = fma(a, b, acc)`, then `(acc0 + acc2) + (acc1 + acc3)` and the lanes summed
+/// as `(l0 + l4) + (l1 + l5)` plus `(l2 + l6) + (l3 + l7)`; a tail of `n % 32` values is
+/// added one by one in f64 as ggml does.
+fn dot_f16(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len();
+    let np = n - n % 32;
+    let mut acc = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, accj) in acc.iter_mut().enumerate() {
+            for (l, s) in accj.iter_mut().enumerate() {
+                let e = i + 8 * j + l;
+                *s = a[e].mul_add(b[e], *s);
+            }
         }
     }
-    let mut s: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
+    let x: [f32; 8] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let t: [f32; 4] = std::array::from_fn(|l| x[l] + x[l + 4]);
+    let mut sum = f64::from((t[0] + t[1]) + (t[2] + t[3]));
+    for e in np..n {
+        sum += f64::from(a[e] * b[e]);
     }
-    s
+    sum as f32
+}
+
+/// `round(f16)` of an f32.
+#[inline]
+fn f16r(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// One query head over `n` cached keys as llama.cpp's CPU flash attention with an f16 KV
+/// cache (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`): keys in order, an online
+/// softmax in f32 with `expf`, and the weighted sum of values accumulated in f16 (each
+/// update `v_acc = f16(v_acc + v * w)`, a rescale `v_acc = f16(v_acc * m)`); `q` and the
+/// cached K/V hold f16 values. `base(j)` is key j's offset in `kc` / `vc`.
+fn attend_one(
+    q: &[f32],
+    n: usize,
+    base: impl Fn(usize) -> usize,
+    kc: &[f32],
+    vc: &[f32],
+    scale: f32,
+    o: &mut [f32],
+) {
+    let hd = q.len();
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    o.fill(0.0);
+    for j in 0..n {
+        let at = base(j);
+        let s = dot_f16(&kc[at..at + hd], q) * scale + 0.0;
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if s > m {
+            ms = (m - s).exp();
+            m = s;
+            for x in o.iter_mut() {
+                *x = f16r(*x * ms);
+            }
+        } else {
+            vs = (s - m).exp();
+        }
+        for (x, v) in o.iter_mut().zip(&vc[at..at + hd]) {
+            *x = f16r(v.mul_add(vs, *x));
+        }
+        // Not fused: llama.cpp's released x86 build computes `S = S*ms + vs` in two steps.
+        sum = sum * ms + vs;
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for x in o.iter_mut() {
+        *x *= inv;
+    }
 }
 
 /// Rope q and k, store k/v in the cache, attend. `q`: `[T, heads, hd]`, `k`, `v`:
@@ -202,30 +261,18 @@ pub fn paged_attention(
         let qv = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
         let table = tables[tok_row[t]];
         let n = tok_pos[t] + 1;
-        let mut scores = Vec::with_capacity(n);
-        let mut max = f32::NEG_INFINITY;
-        for j in 0..n {
-            let base = table.slot(j, block_size) * row_len + kvh * hd;
-            let s = dot(qv, &kc[base..base + hd]) * scale;
-            max = max.max(s);
-            scores.push(s);
-        }
-        let mut sum = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        let inv = 1.0 / sum;
         // SAFETY: item `idx` owns output elements idx*hd..(idx+1)*hd exclusively, and `out`
         // outlives the pool call below.
         let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(idx * hd), hd) };
-        for (j, p) in scores.iter().enumerate() {
-            let base = table.slot(j, block_size) * row_len + kvh * hd;
-            let w = p * inv;
-            for (oi, vi) in o.iter_mut().zip(&vc[base..base + hd]) {
-                *oi += w * vi;
-            }
-        }
+        attend_one(
+            qv,
+            n,
+            |j| table.slot(j, block_size) * row_len + kvh * hd,
+            kc,
+            vc,
+            scale,
+            o,
+        );
     };
     let items = total * nh;
     if items * (tok_pos.iter().max().copied().unwrap_or(0) + 1) < 4096 {
@@ -241,6 +288,54 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dot_f16_sums_in_ggml_order() {
+        let a: Vec<f32> = (0..70).map(|i| i as f32 * 0.5 - 9.0).collect();
+        let b: Vec<f32> = (0..70).map(|i| 1.0 - i as f32 * 0.03).collect();
+        let naive: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(x * y)).sum();
+        assert!((f64::from(dot_f16(&a, &b)) - naive).abs() < 1e-3);
+        // Lane l of accumulator j holds values 32i + 8j + l; a value placed elsewhere in a
+        // 32-value step lands in another lane, which only the order of the final sums sees.
+        let mut one = vec![0f32; 64];
+        one[9] = 3.0;
+        assert_eq!(dot_f16(&one, &vec![2.0; 64]), 6.0);
+    }
+
+    #[test]
+    fn attend_one_is_the_softmax_average_up_to_f16() {
+        let (hd, n) = (64, 37);
+        let kc: Vec<f32> = (0..n * hd)
+            .map(|i| f16r(((i * 7919) % 97) as f32 / 97.0 - 0.5))
+            .collect();
+        let vc: Vec<f32> = (0..n * hd)
+            .map(|i| f16r(((i * 104_729) % 89) as f32 / 89.0 - 0.5))
+            .collect();
+        let q: Vec<f32> = (0..hd).map(|i| f16r((i as f32 * 0.37).sin())).collect();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut o = vec![0f32; hd];
+        attend_one(&q, n, |j| j * hd, &kc, &vc, scale, &mut o);
+        let s: Vec<f64> = (0..n)
+            .map(|j| {
+                let k = &kc[j * hd..(j + 1) * hd];
+                k.iter().zip(&q).map(|(a, b)| f64::from(a * b)).sum::<f64>() * f64::from(scale)
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::MIN, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = w.iter().sum();
+        for d in 0..hd {
+            let want: f64 = (0..n)
+                .map(|j| w[j] * f64::from(vc[j * hd + d]))
+                .sum::<f64>()
+                / z;
+            assert!(
+                (f64::from(o[d]) - want).abs() < 2e-3,
+                "dim {d}: {} vs {want}",
+                o[d]
+            );
+        }
+    }
+
+    #[test]
     fn rope_styles_rotate_pairs() {
         let t = RopeTable::new(4, 10_000.0, 4, RopeStyle::HalfSplit);
         let mut x = [1.0, 0.0, 0.0, 0.0];
@@ -250,13 +345,5 @@ mod tests {
         let mut x = [1.0, 0.0, 0.0, 0.0];
         t.apply(&mut x, 1);
         assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
-    }
-
-    #[test]
-    fn dot_matches_naive() {
-        let a: Vec<f32> = (0..19).map(|i| i as f32 * 0.5).collect();
-        let b: Vec<f32> = (0..19).map(|i| 1.0 - i as f32 * 0.1).collect();
-        let naive: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-        assert!((dot(&a, &b) - naive).abs() < 1e-4);
     }
 }

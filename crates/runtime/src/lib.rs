@@ -16,6 +16,7 @@ pub mod cuda_kernels;
 #[cfg(feature = "cuda")]
 pub mod cuda_profile;
 pub mod error;
+pub mod ggml_ops;
 pub mod kv;
 pub mod load;
 pub mod model;

@@ -11,7 +11,7 @@ use crate::kv::{BlockTable, KvStore};
 use crate::weights::{Part, Role, WeightSource};
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::ops::rms_norm;
+
 use std::sync::OnceLock;
 
 #[cfg(feature = "cuda")]
@@ -429,7 +429,7 @@ impl Transformer {
                     (y.narrow(1, 0, i)?, y.narrow(1, i, i)?)
                 }
             };
-            let m = (candle_nn::ops::silu(&g)? * u)?;
+            let m = swiglu(&g, &u)?;
             x = (x + layer.down.forward(&m)?)?;
         }
         let x = if all_logits {
@@ -457,4 +457,30 @@ impl Transformer {
             },
         })
     }
+}
+
+/// RMSNorm of each row of `x` times `w`: llama.cpp's arithmetic on the CPU (`ggml_ops`),
+/// candle's elsewhere.
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != DType::F32 || w.dtype() != DType::F32 {
+        return candle_nn::ops::rms_norm(x, w, eps);
+    }
+    let y = crate::ggml_ops::rms_norm(
+        &x.flatten_all()?.to_vec1::<f32>()?,
+        &w.to_vec1::<f32>()?,
+        eps,
+    );
+    Tensor::from_vec(y, x.shape(), x.device())
+}
+
+/// `silu(g) * u`: llama.cpp's arithmetic on the CPU (`ggml_ops`), candle's elsewhere.
+fn swiglu(g: &Tensor, u: &Tensor) -> candle_core::Result<Tensor> {
+    if !g.device().is_cpu() || g.dtype() != DType::F32 {
+        return candle_nn::ops::silu(g)? * u;
+    }
+    let y = crate::ggml_ops::swiglu(
+        &g.flatten_all()?.to_vec1::<f32>()?,
+        &u.flatten_all()?.to_vec1::<f32>()?,
+    );
+    Tensor::from_vec(y, g.shape(), g.device())
 }

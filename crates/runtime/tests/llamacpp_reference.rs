@@ -75,17 +75,20 @@ fn check(name: &str, file: &str) {
     let (mut drift_sum, mut drift_max) = (0f64, 0f64);
     for (i, t) in r["teacher_forced"].as_array().unwrap().iter().enumerate() {
         let toks = ids(&t["ids"]);
-        let out = m
-            .runner
-            .step(
-                &[Row::new(i as u64, toks.clone())],
-                StepOptions {
-                    all_logits: true,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-        let logits = out.logits_rows().unwrap();
+        // One token per step, as the reference was made (llama.cpp's server extending its
+        // cached prefix by one token): llama.cpp rounds a row differently inside a group of
+        // four rows of a batch, and so do we.
+        let logits: Vec<Vec<f32>> = toks
+            .iter()
+            .map(|&tok| {
+                m.runner
+                    .step(&[Row::new(i as u64, vec![tok])], StepOptions::default())
+                    .unwrap()
+                    .logits_rows()
+                    .unwrap()
+                    .remove(0)
+            })
+            .collect();
         m.runner.free(i as u64);
         for (k, want) in t["argmax"].as_array().unwrap().iter().enumerate() {
             let Some(want) = want.as_u64() else { continue };
@@ -131,11 +134,13 @@ fn check(name: &str, file: &str) {
         drift_sum / total as f64,
         drift_max
     );
-    // Issue goal: 98%. Measured 99.2% (0.5B) and 97.8% (1.5B); every miss is a near-tie
-    // (checked above), so the floor here is 97.5%.
-    assert!(total >= 512 && rate >= 0.975, "{name}: agreement {rate}");
-    // Greedy continuations: identical for the first 32 tokens, or diverging only after a
-    // near-tie (counted and reported).
+    // Issue goal: 98%. Our CPU arithmetic is llama.cpp's (x86 build), so the agreement is
+    // 100% on both models and our log-probabilities are llama.cpp's up to the 4 decimals
+    // the reference keeps (and its normalisation over the padded vocabulary, < 1e-3).
+    assert!(total >= 512 && rate >= 0.98, "{name}: agreement {rate}");
+    assert!(drift_max < 0.005, "{name}: log-prob drift {drift_max}");
+    // Greedy continuations: identical for the first 32 tokens (the prompt processed as one
+    // batch, as llama.cpp does).
     let mut identical = 0;
     let n_prompts = r["greedy"].as_array().unwrap().len();
     for (i, g) in r["greedy"].as_array().unwrap().iter().enumerate() {
@@ -170,7 +175,7 @@ fn check(name: &str, file: &str) {
     }
     eprintln!("{name}: {identical}/{n_prompts} greedy continuations identical for 32 tokens");
     assert!(
-        identical * 2 >= n_prompts,
+        identical == n_prompts,
         "{name}: only {identical}/{n_prompts} identical"
     );
 }

@@ -1,6 +1,6 @@
 //! Our own CPU matmuls for quantized weights, bit-exact with candle's `QMatMul::forward`.
 //!
-//! - [`q5_0`]: Q5_0 x Q8_0 (candle 0.11 only has the scalar reference loop for it).
+//! - [`q0`]: Q5_0 and Q8_0 x Q8_0 (candle 0.11 only has the scalar reference loop for Q5_0).
 //! - [`q4_k`]: Q4_K x Q8_K (candle repacks these weights into 16-row tiles that hold the
 //!   scales as f32, a third more bytes than the GGUF blocks; decode reads all weights once per
 //!   token, so it pays that in memory bandwidth. Ours packs the same tiles with the compact
@@ -14,20 +14,21 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{CpuStorage, Layout, Shape, Tensor};
 use std::sync::Arc;
 
+pub mod act_quant;
+pub mod q0;
 pub mod q4_k;
-pub mod q5_0;
 pub mod q6_k;
 #[cfg(test)]
 mod test_util;
 
+pub use q0::Q0Matmul;
 pub use q4_k::Q4kMatmul;
-pub use q5_0::Q5Matmul;
 pub use q6_k::Q6kMatmul;
 
 /// One of our CPU kernels for a quantized weight.
 #[derive(Clone, Debug)]
 pub enum CpuMatmul {
-    Q5_0(Q5Matmul),
+    Q0(Q0Matmul),
     Q4K(Q4kMatmul),
     Q6K(Q6kMatmul),
 }
@@ -36,8 +37,8 @@ impl CpuMatmul {
     /// Takes over `w` when one of our kernels handles its type on this CPU (and the
     /// `TOKENROUTER_CPU_Q5` / `TOKENROUTER_CPU_QK` switches leave it on).
     pub fn new(w: &QMatMul) -> Option<Self> {
-        if let Some(q) = Q5Matmul::new(w) {
-            return Some(Self::Q5_0(q));
+        if let Some(q) = Q0Matmul::new(w) {
+            return Some(Self::Q0(q));
         }
         if let Some(q) = Q4kMatmul::new(w) {
             return Some(Self::Q4K(q));
@@ -48,7 +49,7 @@ impl CpuMatmul {
     /// `x @ w^T` for `x` of shape `[.., k]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Self::Q5_0(q) => q.forward(x),
+            Self::Q0(q) => q.forward(x),
             Self::Q4K(q) => q.forward(x),
             Self::Q6K(q) => q.forward(x),
         }

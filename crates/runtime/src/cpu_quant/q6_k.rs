@@ -4,13 +4,15 @@
 //! one weight row at a time: in a decode profile of Qwen2.5-1.5B Q4_K_M (Q6_K output matrix
 //! and half of the `ffn_down` / `attn_v` matrices) that was half of the time. Ours reads eight
 //! weight rows side by side (512-bit integer steps, or candle's own 256-bit ones on AVX2-only
-//! CPUs) and prefetches the next eight, and keeps candle's arithmetic exactly: per row, eight
-//! i32 lanes (lane `l` sums positions `4l..4l + 4` of every 32-value chunk, scaled:
-//! `sc * (q - 32) * y`), then per block `acc = fma(d_x * d_w, lanes, acc)`, and candle's
-//! horizontal sum at the end.
+//! CPUs) and prefetches the next eight, with the arithmetic of llama.cpp's AVX2
+//! `ggml_vec_dot_q6_K_q8_K` exactly: per row, eight i32 lanes (lane `l` sums positions
+//! `4l..4l + 4` of every 32-value chunk, scaled: `sc * q * y` with the stored `q = w + 32`,
+//! minus `32 * sc * bsum` of the 16-value groups `2l, 2l + 1`), then per block `acc =
+//! fma(d_x * d_w, lanes, acc)`, and the horizontal sum `((a4 + a0) + (a6 + a2)) + ((a5 +
+//! a1) + (a7 + a3))` at the end.
 //!
-//! With several activation rows candle uses its repacked tiles instead (other rounding):
-//! those calls stay with candle.
+//! Several activation rows go through the same kernel one row at a time, so every row gets
+//! the arithmetic it gets alone (candle's repacked tiles for several rows round otherwise).
 
 use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
@@ -28,6 +30,8 @@ const Q6K_SCALES: usize = 192;
 const Q6K_D: usize = 208;
 /// Bytes of one Q8_K block: f32 d, 256 i8, 16 i16 sums.
 const Q8K_BYTES: usize = 292;
+/// Offset of the 16-value sums (i16) in a Q8_K block.
+const Q8K_BSUMS: usize = 260;
 /// Weight rows per work item.
 const ROWS: usize = 8;
 
@@ -74,19 +78,6 @@ impl Kernel {
     }
 }
 
-/// Whether candle's one-row Q6_K product is its AVX2 `vec_dot_q6k_q8k`, which ours
-/// reproduces.
-fn candle_uses_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// A Q6_K weight `[n, k]` on the CPU; single activation rows run on our kernels.
 #[derive(Clone)]
 pub struct Q6kMatmul {
@@ -120,9 +111,7 @@ impl Q6kMatmul {
     /// As [`Q6kMatmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
     pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
         let (t, n, k) = super::cpu_matrix(w, GgmlDType::Q6K, QK_K, Q6K_BYTES)?;
-        // candle runs column quads through `vec_dot_q6k_q8k`; its 1-3 column tail goes
-        // through other helpers, so only quads are ours.
-        if !kernel.available() || !candle_uses_avx2() || !n.is_multiple_of(4) {
+        if !kernel.available() {
             return None;
         }
         Some(Self {
@@ -137,9 +126,10 @@ impl Q6kMatmul {
         self.kernel
     }
 
-    /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`.
+    /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`, one activation row at a time (each
+    /// row's result the same as alone, as in llama.cpp, which multiplies Q6_K row by row).
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if x.dtype() != DType::F32 || !x.device().is_cpu() || x.elem_count() != self.k {
+        if x.dtype() != DType::F32 || !x.device().is_cpu() || !x.elem_count().is_multiple_of(self.k) {
             return x.apply_op1_no_bwd(self.w.as_ref());
         }
         x.contiguous()?.apply_op1_no_bwd(self)
@@ -157,12 +147,20 @@ impl CustomOp1 for Q6kMatmul {
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (x, shape) = super::matmul_io("q6_k matvec", storage, layout, self.k, self.n)?;
-        if x.len() != self.k {
-            candle_core::bail!("q6_k matvec: input {shape:?} is not one row of {}", self.k);
-        }
         let data = self.w.data()?;
-        let mut out = vec![0f32; self.n];
-        matvec(self.kernel, &data, self.n, self.k, x, &mut out)?;
+        let rows = x.len() / self.k;
+        let mut out = vec![0f32; rows * self.n];
+        for (xr, o) in x.chunks_exact(self.k).zip(out.chunks_exact_mut(self.n)) {
+            matvec(
+                self.kernel,
+                &data,
+                self.n,
+                self.k,
+                xr,
+                o,
+                rows >= TILED_MIN_ROWS,
+            )?;
+        }
         Ok((CpuStorage::F32(out), shape))
     }
 }
@@ -181,6 +179,7 @@ fn matvec(
     k: usize,
     x: &[f32],
     out: &mut [f32],
+    tiled: bool,
 ) -> candle_core::Result<()> {
     if k == 0 || !k.is_multiple_of(QK_K) {
         candle_core::bail!("q6_k matvec: k = {k} is not a positive multiple of {QK_K}");
@@ -196,7 +195,7 @@ fn matvec(
         return Ok(());
     }
     let mut lhs = vec![BlockQ8K::zeros(); kb];
-    BlockQ8K::from_float(x, &mut lhs);
+    super::act_quant::quantize_q8k(x, &mut lhs);
     let q = as_bytes(&lhs);
     let row_bytes = kb * Q6K_BYTES;
     let out_ptr = SharedMut(out.as_mut_ptr());
@@ -208,16 +207,22 @@ fn matvec(
                 let r = (rows.start + i).min(rows.end - 1);
                 &w[r * row_bytes..(r + 1) * row_bytes]
             });
-            let dots = match kernel {
-                Kernel::Scalar => ws.map(|w| dot_scalar(w, q)),
+            let dots = match (kernel, tiled) {
+                (Kernel::Scalar, _) => ws.map(|w| dot_scalar(w, q, tiled)),
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `matvec` checked that the CPU runs the kernel; it checks lengths.
-                Kernel::Avx512Vnni => unsafe { avx512::dot(&ws, q) },
+                (Kernel::Avx512Vnni, false) => unsafe { avx512::dot::<false>(&ws, q) },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above.
-                Kernel::Avx2 => unsafe { avx2::dot(&ws, q) },
+                (Kernel::Avx512Vnni, true) => unsafe { avx512::dot::<true>(&ws, q) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                (Kernel::Avx2, false) => unsafe { avx2::dot::<false>(&ws, q) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                (Kernel::Avx2, true) => unsafe { avx2::dot::<true>(&ws, q) },
                 #[cfg(not(target_arch = "x86_64"))]
-                Kernel::Avx2 | Kernel::Avx512Vnni => {
+                (Kernel::Avx2 | Kernel::Avx512Vnni, _) => {
                     unreachable!("only the scalar kernel runs off x86_64")
                 }
             };
@@ -229,6 +234,16 @@ fn matvec(
     });
     Ok(())
 }
+
+/// The integer sum of eight lanes (exact, any order).
+fn hsum_i32(a: [i32; 8]) -> i32 {
+    a.iter().sum()
+}
+
+/// Activation rows from which llama.cpp multiplies Q6_K weights with its tiled kernel
+/// (`ggml-cpu/tiled`): per 256-value block the exact integer sum of the products, then
+/// `acc = fma(d_w * isum, d_x, acc)`, instead of the eight-lane `vec_dot` below this.
+const TILED_MIN_ROWS: usize = 8;
 
 /// candle's `hsum_float_8`: `((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))`.
 fn hsum8(a: [f32; 8]) -> f32 {
@@ -246,7 +261,8 @@ fn q6_value(blk: &[u8], v: usize) -> i32 {
 }
 
 /// One weight row against the Q8_K blocks `q`, candle's lanes and order.
-fn dot_scalar(w: &[u8], q: &[u8]) -> f32 {
+fn dot_scalar(w: &[u8], q: &[u8], tiled: bool) -> f32 {
+    let mut tacc = 0f32;
     let mut acc = [0f32; 8];
     for (blk, y) in w.chunks_exact(Q6K_BYTES).zip(q.chunks_exact(Q8K_BYTES)) {
         let dw = half::f16::from_bits(u16::from_le_bytes([blk[Q6K_D], blk[Q6K_D + 1]])).to_f32();
@@ -255,18 +271,34 @@ fn dot_scalar(w: &[u8], q: &[u8]) -> f32 {
         let mut lanes = [0i32; 8];
         for v in 0..QK_K {
             let sc = blk[Q6K_SCALES + v / 16] as i8 as i32;
-            lanes[(v % 32) / 4] += sc * (q6_value(blk, v) - 32) * (y[4 + v] as i8 as i32);
+            lanes[(v % 32) / 4] += sc * q6_value(blk, v) * (y[4 + v] as i8 as i32);
+        }
+        // The stored values are the weights plus 32: lane l takes 32 times the scaled sums
+        // of the activations 32l..32l+32 off (llama.cpp's `q8sclsub`).
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            for g in [2 * l, 2 * l + 1] {
+                let at = Q8K_BSUMS + 2 * g;
+                let bsum = i16::from_le_bytes([y[at], y[at + 1]]) as i32;
+                *lane -= 32 * bsum * (blk[Q6K_SCALES + g] as i8 as i32);
+            }
+        }
+        if tiled {
+            tacc = (dw * lanes.iter().sum::<i32>() as f32).mul_add(dy, tacc);
+            continue;
         }
         for (a, &s) in acc.iter_mut().zip(&lanes) {
             *a = d.mul_add(s as f32, *a);
         }
+    }
+    if tiled {
+        return tacc;
     }
     hsum8(acc)
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
+    use super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BSUMS, Q8K_BYTES, ROWS};
     use std::arch::x86_64::*;
 
     /// Eight weight rows against the Q8_K blocks `q`.
@@ -274,8 +306,9 @@ mod avx512 {
     /// # Safety
     /// The CPU must support AVX512F, AVX512BW, AVX512-VNNI and FMA.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-    pub(super) unsafe fn dot(ws: &[&[u8]; ROWS], q: &[u8]) -> [f32; ROWS] {
+    pub(super) unsafe fn dot<const TILED: bool>(ws: &[&[u8]; ROWS], q: &[u8]) -> [f32; ROWS] {
         let kb = q.len() / Q8K_BYTES;
+        let mut tacc = [0f32; ROWS];
         // Real checks: the loops read kb blocks of every row through raw pointers.
         assert!(q.len() == kb * Q8K_BYTES);
         for w in ws {
@@ -286,7 +319,6 @@ mod avx512 {
         let ahead = wp[0].wrapping_add(ROWS * kb * Q6K_BYTES);
         let m4 = _mm512_set1_epi8(0x0f);
         let m30 = _mm512_set1_epi8(0x30);
-        let m32 = _mm512_set1_epi8(32);
         // Bit pairs 0-1 / 2-3 of qh (chunks 4j, 4j+1) to bits 4-5: shift left by 4 / 2;
         // pairs 4-5 / 6-7 (chunks 4j+2, 4j+3): right by 0 / 2. (16-bit shifts; the mask
         // drops what crosses bytes.)
@@ -300,11 +332,10 @@ mod avx512 {
             }
             let y = q.as_ptr().add(b * Q8K_BYTES);
             let dy = std::ptr::read_unaligned(y as *const f32);
-            // 64 activations per chunk pair p (values 64p..64p+64), and 32 times the sum of
-            // each 4 of them (the weights are stored plus 32).
+            // 64 activations per chunk pair p (values 64p..64p+64), and their 16-value sums.
             let yv: [__m512i; 4] =
                 std::array::from_fn(|p| _mm512_loadu_si512(y.add(4 + 64 * p) as *const _));
-            let corr = yv.map(|v| _mm512_dpbusd_epi32(_mm512_setzero_si512(), m32, v));
+            let bsums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
             for (r, acc) in acc.iter_mut().enumerate() {
                 let blk = wp[r].add(b * Q6K_BYTES);
                 let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
@@ -329,20 +360,33 @@ mod avx512 {
                                 _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
                             ),
                         ));
-                        let v = _mm512_mullo_epi32(_mm512_sub_epi32(dot, corr[p]), sc);
+                        let v = _mm512_mullo_epi32(dot, sc);
                         sumi = _mm512_add_epi32(sumi, v);
                     }
                 }
-                // Lane l of the two 256-bit halves: positions 4l.. of even / odd chunks.
-                let s8 = _mm256_add_epi32(
-                    _mm512_castsi512_si256(sumi),
-                    _mm512_extracti64x4_epi64::<1>(sumi),
+                // Lane l of the two 256-bit halves: positions 4l.. of even / odd chunks; the
+                // weights are stored plus 32, so lane l takes off 32 times the scaled sums of
+                // activations 32l..32l+32 (llama.cpp's `q8sclsub`).
+                let s8 = _mm256_sub_epi32(
+                    _mm256_add_epi32(
+                        _mm512_castsi512_si256(sumi),
+                        _mm512_extracti64x4_epi64::<1>(sumi),
+                    ),
+                    _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(scales))),
                 );
                 let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(
                     blk.add(Q6K_D) as *const i16,
                 ))));
+                if TILED {
+                    let s = super::hsum_i32(std::mem::transmute::<__m256i, [i32; 8]>(s8));
+                    tacc[r] = (dw * s as f32).mul_add(dy, tacc[r]);
+                    continue;
+                }
                 *acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * dw), _mm256_cvtepi32_ps(s8), *acc);
             }
+        }
+        if TILED {
+            return tacc;
         }
         acc.map(|a| super::hsum8(std::mem::transmute::<__m256, [f32; 8]>(a)))
     }
@@ -350,7 +394,7 @@ mod avx512 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
+    use super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BSUMS, Q8K_BYTES, ROWS};
     use std::arch::x86_64::*;
 
     /// Eight weight rows against the Q8_K blocks `q`, with candle's own integer steps
@@ -359,8 +403,9 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot(ws: &[&[u8]; ROWS], q: &[u8]) -> [f32; ROWS] {
+    pub(super) unsafe fn dot<const TILED: bool>(ws: &[&[u8]; ROWS], q: &[u8]) -> [f32; ROWS] {
         let kb = q.len() / Q8K_BYTES;
+        let mut tacc = [0f32; ROWS];
         // Real checks: the loops read kb blocks of every row through raw pointers.
         assert!(q.len() == kb * Q8K_BYTES);
         for w in ws {
@@ -370,7 +415,6 @@ mod avx2 {
         let ahead = wp[0].wrapping_add(ROWS * kb * Q6K_BYTES);
         let m4 = _mm256_set1_epi8(0x0f);
         let m30 = _mm256_set1_epi8(0x30);
-        let m32 = _mm256_set1_epi8(32);
         let mut acc = [_mm256_setzero_ps(); ROWS];
         for b in 0..kb {
             let pre = ahead.wrapping_add(b * ROWS * Q6K_BYTES);
@@ -379,10 +423,10 @@ mod avx2 {
             }
             let y = q.as_ptr().add(b * Q8K_BYTES);
             let dy = std::ptr::read_unaligned(y as *const f32);
-            // Chunk c: activations 32c..32c+32, and 32 times each of their pairs' sums.
+            // Chunk c: activations 32c..32c+32; and their 16-value sums.
             let yv: [__m256i; 8] =
                 std::array::from_fn(|c| _mm256_loadu_si256(y.add(4 + 32 * c) as *const _));
-            let ys = yv.map(|v| _mm256_maddubs_epi16(m32, v));
+            let bsums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
             for (r, acc) in acc.iter_mut().enumerate() {
                 let blk = wp[r].add(b * Q6K_BYTES);
                 let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
@@ -401,7 +445,7 @@ mod avx2 {
                         let c = 4 * j + i;
                         let v =
                             _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30));
-                        let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(v, yv[c]), ys[c]);
+                        let p16 = _mm256_maddubs_epi16(v, yv[c]);
                         // Values 16i.. of the chunk take scale 2c + i.
                         let sc = _mm_shuffle_epi8(
                             scales,
@@ -417,8 +461,21 @@ mod avx2 {
                 let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(
                     blk.add(Q6K_D) as *const i16,
                 ))));
+                // The weights are stored plus 32 (llama.cpp's `q8sclsub`).
+                let sumi = _mm256_sub_epi32(
+                    sumi,
+                    _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(scales))),
+                );
+                if TILED {
+                    let s = super::hsum_i32(std::mem::transmute::<__m256i, [i32; 8]>(sumi));
+                    tacc[r] = (dw * s as f32).mul_add(dy, tacc[r]);
+                    continue;
+                }
                 *acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * dw), _mm256_cvtepi32_ps(sumi), *acc);
             }
+        }
+        if TILED {
+            return tacc;
         }
         acc.map(|a| super::hsum8(std::mem::transmute::<__m256, [f32; 8]>(a)))
     }
@@ -446,34 +503,72 @@ mod tests {
         t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
 
+    /// max |a - b| over max |b|.
+    fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+        let scale = b.iter().fold(0f32, |s, v| s.max(v.abs()));
+        a.iter().zip(b).fold(0f32, |s, (x, y)| s.max((x - y).abs())) / scale
+    }
+
     #[test]
-    fn matches_candle_qmatmul() {
-        if !candle_uses_avx2() {
-            return;
-        }
+    fn simd_matches_scalar_and_is_close_to_candle() {
         for (n, k) in [
             (1536, 1536),
             (256, 1536),
             (1536, 8960),
             (8960, 1536),
             (12, 512),
+            (6, 256),
         ] {
             let w = q6k_weight(n, k, (n * 17 + k) as u64);
-            let x = Tensor::from_vec(values(k, n as u64), (1, k), &Device::Cpu).unwrap();
-            let want = flat(w.forward(&x).unwrap());
-            for kernel in kernels() {
-                let q = Q6kMatmul::with_kernel(&w, kernel).unwrap();
-                let got = flat(q.forward(&x).unwrap());
-                assert!(got == want, "{kernel:?} [1x{k}] x [{n}x{k}]^T differs");
+            // One row, a few (the vec_dot arithmetic), eight and more (the tiled one).
+            for m in [1, 3, 8, 9] {
+                let x = Tensor::from_vec(values(m * k, n as u64), (m, k), &Device::Cpu).unwrap();
+                let scalar = flat(
+                    Q6kMatmul::with_kernel(&w, Kernel::Scalar)
+                        .unwrap()
+                        .forward(&x)
+                        .unwrap(),
+                );
+                for kernel in kernels().into_iter().skip(1) {
+                    let q = Q6kMatmul::with_kernel(&w, kernel).unwrap();
+                    let got = flat(q.forward(&x).unwrap());
+                    assert!(got == scalar, "{kernel:?} [{m}x{k}] x [{n}x{k}]^T differs");
+                }
+                let d = rel_diff(&scalar, &flat(w.forward(&x).unwrap()));
+                assert!(
+                    d <= 1e-3,
+                    "[{m}x{k}] x [{n}x{k}]^T: rel diff {d} from candle"
+                );
             }
         }
     }
 
     #[test]
-    fn extreme_values_and_fallbacks() {
-        if !candle_uses_avx2() {
-            return;
+    fn batches_of_eight_rows_round_like_llamacpp_tiles() {
+        let (n, k) = (16, 512);
+        let w = q6k_weight(n, k, 3);
+        let data = match &w {
+            QMatMul::QTensor(t) => t.data().unwrap(),
+            _ => unreachable!("quantized"),
+        };
+        let x = values(8 * k, 5);
+        let q = Q6kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
+        let xt = Tensor::from_vec(x.clone(), (8, k), &Device::Cpu).unwrap();
+        let batch = flat(q.forward(&xt).unwrap());
+        for kernel in kernels() {
+            for (r, want) in batch.chunks(n).enumerate() {
+                let (mut tiled, mut alone) = (vec![0f32; n], vec![0f32; n]);
+                let xr = &x[r * k..(r + 1) * k];
+                matvec(kernel, &data, n, k, xr, &mut tiled, true).unwrap();
+                matvec(kernel, &data, n, k, xr, &mut alone, false).unwrap();
+                assert!(tiled == want, "{kernel:?} row {r}");
+                assert!(rel_diff(&alone, &tiled) <= 1e-5);
+            }
         }
+    }
+
+    #[test]
+    fn extreme_values() {
         let (n, k) = (20, 512);
         let wv: Vec<f32> = (0..n * k)
             .map(|i| match i % 4 {
@@ -491,16 +586,20 @@ mod tests {
             .collect();
         let x = Tensor::from_vec(xv, (1, 1, k), &Device::Cpu).unwrap();
         let want = flat(w.forward(&x).unwrap());
+        let scalar = flat(
+            Q6kMatmul::with_kernel(&w, Kernel::Scalar)
+                .unwrap()
+                .forward(&x)
+                .unwrap(),
+        );
+        assert!(rel_diff(&scalar, &want) <= 1e-5);
         for kernel in kernels() {
-            let q = Q6kMatmul::with_kernel(&w, kernel).unwrap();
-            let got = q.forward(&x).unwrap();
+            let got = Q6kMatmul::with_kernel(&w, kernel)
+                .unwrap()
+                .forward(&x)
+                .unwrap();
             assert_eq!(got.dims(), &[1, 1, n]);
-            assert!(flat(got) == want, "{kernel:?}");
-            // Several rows go to candle's tiled path, unchanged.
-            let x3 = Tensor::from_vec(values(3 * k, 3), (3, k), &Device::Cpu).unwrap();
-            assert!(flat(q.forward(&x3).unwrap()) == flat(w.forward(&x3).unwrap()));
+            assert!(flat(got) == scalar, "{kernel:?}");
         }
-        // Row counts that are not multiples of four stay with candle.
-        assert!(Q6kMatmul::with_kernel(&q6k_weight(6, 256, 1), Kernel::Scalar).is_none());
     }
 }

@@ -1,22 +1,19 @@
 //! CPU matmul for Q4_K weights.
 //!
-//! On x86 candle 0.11 runs Q4_K x Q8_K through its repacked kernels (`repack_x86.rs`): the
-//! weights are copied into tiles of 16 rows x 256 values, 4-bit values interleaved so one
-//! `vpdpbusd` yields the integer dot products of 16 rows at once, and the per-32-value scales
-//! and mins stored as pre-multiplied f32 (`d * sc`, `dmin * m`). Those f32s make a tile 3072
-//! bytes where the GGUF blocks take 2304; single-stream decode reads every weight once per
-//! token and is bound by memory bandwidth, so it pays a third more time for Q4_K matrices.
+//! The weights are copied into tiles of 16 rows x 256 values, 4-bit values interleaved so
+//! one `vpdpbusd` yields the integer dot products of 16 rows at once (candle's repacked
+//! layout), with the scales as GGUF has them (f16 `d` and `dmin`, 6-bit `sc` and `m`
+//! widened to bytes: 2368 bytes a tile where candle's pre-multiplied f32 scales take 3072;
+//! single-stream decode reads every weight once per token, so bytes are time). The next
+//! tiles are prefetched while one is read.
 //!
-//! Our tiles keep the same value layout but store the scales as GGUF has them (f16 `d` and
-//! `dmin`, 6-bit `sc` and `m` widened to bytes: 2368 bytes a tile), and the kernel multiplies
-//! them out on the fly. `d * sc` is exact in f32 (11-bit by 6-bit mantissas), so every
-//! output is, bit for bit, what candle's kernel computes: per 32-value sub-block,
-//! `acc = fma(isum, scale * d_x, acc)` then `acc = fma(-min, d_x * bsum, acc)`, sub-blocks and
-//! super-blocks in order. The next tiles are prefetched while one is read.
-//!
-//! candle takes that path for Q4_K when `n % 16 == 0` and `k % 256 == 0` on any x86 CPU with
-//! AVX2, with the same arithmetic in its 256- and 512-bit versions. Its one other path
-//! there, AMX for `m >= 32`, rounds differently: those matmuls stay with candle.
+//! The arithmetic is llama.cpp's (its x86 build repacks Q4_K for `ggml_gemv_q4_K_8x8_q8_K`
+//! and `ggml_gemm_q4_K_8x8_q8_K`): activations quantised with its rounding (`act_quant`),
+//! integer sums of `sc * (w . y)` and `m * bsum`, and two f32 chains per output,
+//! `acc = fma(isum, d * d_y, acc)` and `acc_min = fma(imin, dmin * d_y, acc_min)`, giving
+//! `acc - acc_min`. Rows in a full group of four (llama.cpp's gemm: every row of a batch up
+//! to the last multiple of four) add to the chains every 64 values, the others (its gemv)
+//! every 256-value block; see `dot_scalar`.
 
 use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
@@ -108,36 +105,6 @@ impl Kernel {
     }
 }
 
-/// Whether candle runs Q4_K x Q8_K through its repacked x86 kernels, whose results ours
-/// reproduce (otherwise it uses other arithmetic and we leave the weight to it).
-fn candle_uses_tiles() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // candle's `repack_x86::level()`.
-        (is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vnni"))
-            || (is_x86_feature_detected!("avx2")
-                && (is_x86_feature_detected!("avxvnni") || is_x86_feature_detected!("fma")))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether the CPU has AMX-INT8 (candle then uses it for `m >= 32`).
-fn cpu_has_amx() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[allow(unused_unsafe)]
-        let info = unsafe { std::arch::x86_64::__cpuid_count(7, 0) };
-        info.edx & (1 << 25) != 0 && info.edx & (1 << 24) != 0
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// A Q4_K weight `[n, k]` on the CPU, multiplied by our kernels.
 #[derive(Clone)]
 pub struct Q4kMatmul {
@@ -146,8 +113,6 @@ pub struct Q4kMatmul {
     n: usize,
     k: usize,
     kernel: Kernel,
-    /// Leave `m >= 32` to candle (its AMX path).
-    amx: bool,
 }
 
 impl std::fmt::Debug for Q4kMatmul {
@@ -157,10 +122,10 @@ impl std::fmt::Debug for Q4kMatmul {
 }
 
 impl Q4kMatmul {
-    /// Takes over `w` when it is a Q4_K matrix on the CPU that candle would run through its
-    /// tiled kernels; `None` leaves it to candle. `TOKENROUTER_CPU_QK=candle` turns this path
-    /// off, `=scalar` forces the portable kernel (for A/B measurements). Without a SIMD
-    /// kernel for this CPU candle keeps the weight.
+    /// Takes over `w` when it is a Q4_K matrix on the CPU of whole 16-row tiles; `None`
+    /// leaves it to candle. `TOKENROUTER_CPU_QK=candle` turns this path off, `=scalar`
+    /// forces the portable kernel (for A/B measurements). Without a SIMD kernel for this CPU
+    /// candle keeps the weight.
     pub fn new(w: &QMatMul) -> Option<Self> {
         let kernel = super::kernel_from_env(
             "TOKENROUTER_CPU_QK",
@@ -175,7 +140,7 @@ impl Q4kMatmul {
     /// As [`Q4kMatmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
     pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
         let (t, n, k) = super::cpu_matrix(w, GgmlDType::Q4K, QK_K, Q4K_BYTES)?;
-        if !kernel.available() || !candle_uses_tiles() || !n.is_multiple_of(TILE_N) {
+        if !kernel.available() || !n.is_multiple_of(TILE_N) {
             return None;
         }
         let tiles = pack(&t.data().ok()?, n, k);
@@ -185,7 +150,6 @@ impl Q4kMatmul {
             n,
             k,
             kernel,
-            amx: cpu_has_amx(),
         })
     }
 
@@ -195,8 +159,7 @@ impl Q4kMatmul {
 
     /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let m = x.elem_count() / self.k.max(1);
-        if x.dtype() != DType::F32 || !x.device().is_cpu() || (self.amx && m >= 32) {
+        if x.dtype() != DType::F32 || !x.device().is_cpu() {
             return x.apply_op1_no_bwd(self.w.as_ref());
         }
         x.contiguous()?.apply_op1_no_bwd(self)
@@ -317,7 +280,7 @@ fn matmul(
         for r in rows {
             // SAFETY: row r owns blocks r*kb..(r+1)*kb; `lhs` outlives the call.
             let dst = unsafe { std::slice::from_raw_parts_mut(lp.get().add(r * kb), kb) };
-            BlockQ8K::from_float(&x[r * k..(r + 1) * k], dst);
+            super::act_quant::quantize_q8k(&x[r * k..(r + 1) * k], dst);
         }
     });
     let lhs = as_bytes(&lhs);
@@ -426,22 +389,26 @@ fn f32_at(b: &[u8], at: usize) -> f32 {
 
 /// The sum of the 32 activations of sub-block `sub` of the Q8_K block `q`, as f32.
 #[inline]
-fn bsum(q: &[u8], sub: usize) -> f32 {
+fn bsum(q: &[u8], sub: usize) -> i32 {
     let at = Q8K_BSUMS + 4 * sub;
-    (i16::from_le_bytes([q[at], q[at + 1]]) as i32
-        + i16::from_le_bytes([q[at + 2], q[at + 3]]) as i32) as f32
+    i16::from_le_bytes([q[at], q[at + 1]]) as i32
+        + i16::from_le_bytes([q[at + 2], q[at + 3]]) as i32
 }
 
-/// candle's arithmetic, one output at a time.
+/// llama.cpp's arithmetic (its x86 repacked `ggml_gemv_q4_K_8x8_q8_K` and
+/// `ggml_gemm_q4_K_8x8_q8_K`), one output at a time: integer sums of `sc * (w . y)` and `m *
+/// bsum` over sub-blocks, added to f32 as `acc = fma(isum, d * d_y, acc)` and `acc_min =
+/// fma(imin, dmin * d_y, acc_min)`, and `acc - acc_min` at the end. A group of four
+/// activation rows (llama.cpp's gemm) adds every 64 values; fewer rows (its gemv, for the
+/// rows after the last full group of four) add every 256-value block.
 fn dot_scalar(tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; MT] {
     let mut out = [[0f32; TILE_N]; MT];
     for (act, out) in acts.iter().zip(&mut out) {
-        for (r, acc) in out.iter_mut().enumerate() {
+        for (r, o) in out.iter_mut().enumerate() {
+            let (mut acc, mut acc_min) = (0f32, 0f32);
             for (b, tile) in tiles.iter().enumerate() {
                 let q = &act[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
-                let d = half::f16::from_bits(tile.d[r]).to_f32();
-                let dmin = half::f16::from_bits(tile.dmin[r]).to_f32();
-                let dall = f32_at(q, 0);
+                let (mut iblk, mut imin) = (0i32, 0i32);
                 for sub in 0..8 {
                     let mut isum = 0i32;
                     for v in sub * 32..(sub + 1) * 32 {
@@ -449,12 +416,19 @@ fn dot_scalar(tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; MT] {
                         let w = if v % 8 < 4 { byte & 0x0f } else { byte >> 4 };
                         isum += w as i32 * q[4 + v] as i8 as i32;
                     }
-                    let scale = d * tile.sc[sub][r] as f32;
-                    let min = dmin * tile.mn[sub][r] as f32;
-                    *acc = (isum as f32).mul_add(scale * dall, *acc);
-                    *acc = (-min).mul_add(dall * bsum(q, sub), *acc);
+                    iblk += isum * tile.sc[sub][r] as i32;
+                    imin += tile.mn[sub][r] as i32 * bsum(q, sub);
+                    if (acts.len() == MT && sub % 2 == 1) || sub == 7 {
+                        let dall = f32_at(q, 0);
+                        let d = half::f16::from_bits(tile.d[r]).to_f32();
+                        let dmin = half::f16::from_bits(tile.dmin[r]).to_f32();
+                        acc = (iblk as f32).mul_add(d * dall, acc);
+                        acc_min = (imin as f32).mul_add(dmin * dall, acc_min);
+                        (iblk, imin) = (0, 0);
+                    }
                 }
             }
+            *o = acc - acc_min;
         }
     }
     out

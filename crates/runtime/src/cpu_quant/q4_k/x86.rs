@@ -1,5 +1,5 @@
 //! The x86 Q4_K kernels: 512-bit (AVX512-VNNI) and 256-bit (AVX-VNNI, AVX2), each with
-//! candle's per-lane arithmetic.
+//! llama.cpp's per-lane arithmetic (see `dot_scalar`).
 
 use super::{Tile, MT, PREFETCH_TILES, Q8K_BSUMS, Q8K_BYTES, TILE_BYTES, TILE_N};
 
@@ -13,16 +13,14 @@ pub(super) mod avx512 {
     }
 
     #[inline(always)]
-    unsafe fn widen(p: &[u8; TILE_N]) -> __m512 {
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-            p.as_ptr() as *const __m128i
-        )))
+    unsafe fn wide_i32(p: &[u8; TILE_N]) -> __m512i {
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(p.as_ptr() as *const __m128i))
     }
 
     #[inline(always)]
-    unsafe fn bsum(q: *const u8, sub: usize) -> f32 {
+    unsafe fn bsum(q: *const u8, sub: usize) -> i32 {
         let p = q.add(Q8K_BSUMS + 4 * sub) as *const i16;
-        (std::ptr::read_unaligned(p) as i32 + std::ptr::read_unaligned(p.add(1)) as i32) as f32
+        std::ptr::read_unaligned(p) as i32 + std::ptr::read_unaligned(p.add(1)) as i32
     }
 
     /// `tiles` (16 weight rows) against the `M` activation rows `acts` (Q8_K blocks).
@@ -42,7 +40,10 @@ pub(super) mod avx512 {
         }
         let mask = _mm512_set1_epi8(0x0f);
         let mut acc = [_mm512_setzero_ps(); M];
+        let mut acc_min = [_mm512_setzero_ps(); M];
         for (b, tile) in tiles.iter().enumerate() {
+            let mut iblk = [_mm512_setzero_si512(); M];
+            let mut imin = [_mm512_setzero_si512(); M];
             let ahead =
                 (tile as *const Tile as *const u8).wrapping_add(PREFETCH_TILES * TILE_BYTES);
             let q: [*const u8; M] = std::array::from_fn(|i| acts[i].as_ptr().add(b * Q8K_BYTES));
@@ -74,23 +75,30 @@ pub(super) mod avx512 {
                     }
                 }
                 for (sub, isum) in [(sa, &isum_a), (sb, &isum_b)] {
-                    // d * sc and dmin * m are exact in f32: candle's pre-multiplied values.
-                    let scale = _mm512_mul_ps(widen(&tile.sc[sub]), d);
-                    let min = _mm512_mul_ps(widen(&tile.mn[sub]), dmin);
+                    let (sc, mn) = (wide_i32(&tile.sc[sub]), wide_i32(&tile.mn[sub]));
                     for i in 0..M {
-                        let dall = std::ptr::read_unaligned(q[i] as *const f32);
-                        let f = _mm512_cvtepi32_ps(isum[i]);
-                        acc[i] =
-                            _mm512_fmadd_ps(f, _mm512_mul_ps(scale, _mm512_set1_ps(dall)), acc[i]);
-                        acc[i] =
-                            _mm512_fnmadd_ps(min, _mm512_set1_ps(dall * bsum(q[i], sub)), acc[i]);
+                        iblk[i] = _mm512_add_epi32(iblk[i], _mm512_mullo_epi32(isum[i], sc));
+                        let s = _mm512_set1_epi32(bsum(q[i], sub));
+                        imin[i] = _mm512_add_epi32(imin[i], _mm512_mullo_epi32(mn, s));
+                    }
+                }
+                if M == MT || sub2 == 3 {
+                    // Groups of four rows: llama.cpp's gemm adds every 64 values; fewer
+                    // rows: its gemv adds every block.
+                    for i in 0..M {
+                        let dall = _mm512_set1_ps(std::ptr::read_unaligned(q[i] as *const f32));
+                        let (f, fm) = (_mm512_cvtepi32_ps(iblk[i]), _mm512_cvtepi32_ps(imin[i]));
+                        acc[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(d, dall), acc[i]);
+                        acc_min[i] = _mm512_fmadd_ps(fm, _mm512_mul_ps(dmin, dall), acc_min[i]);
+                        iblk[i] = _mm512_setzero_si512();
+                        imin[i] = _mm512_setzero_si512();
                     }
                 }
             }
         }
         let mut out = [[0f32; TILE_N]; MT];
         for i in 0..M {
-            _mm512_storeu_ps(out[i].as_mut_ptr(), acc[i]);
+            _mm512_storeu_ps(out[i].as_mut_ptr(), _mm512_sub_ps(acc[i], acc_min[i]));
         }
         out
     }
@@ -112,8 +120,8 @@ macro_rules! kernels256 {
 
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn widen(p: *const u8) -> __m256 {
-                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+            unsafe fn wide_i32(p: *const u8) -> __m256i {
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
             }
 
             #[inline]
@@ -140,7 +148,10 @@ macro_rules! kernels256 {
                 }
                 let mask = _mm256_set1_epi8(0x0f);
                 let mut acc = [[_mm256_setzero_ps(); 2]; M];
+                let mut acc_min = [[_mm256_setzero_ps(); 2]; M];
                 for (b, tile) in tiles.iter().enumerate() {
+                    let mut iblk = [[_mm256_setzero_si256(); 2]; M];
+                    let mut imin = [[_mm256_setzero_si256(); 2]; M];
                     let ahead = (tile as *const Tile as *const u8)
                         .wrapping_add(PREFETCH_TILES * TILE_BYTES);
                     let q: [*const u8; M] =
@@ -167,37 +178,60 @@ macro_rules! kernels256 {
                             }
                         }
                         for h in 0..2 {
-                            let d = _mm256_cvtph_ps(_mm_loadu_si128(
-                                tile.d.as_ptr().add(8 * h) as *const __m128i
-                            ));
-                            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(
-                                tile.dmin.as_ptr().add(8 * h) as *const __m128i,
-                            ));
-                            // Exact products, candle's pre-multiplied scales and mins.
-                            let scale = _mm256_mul_ps(widen(tile.sc[sub].as_ptr().add(8 * h)), d);
-                            let min = _mm256_mul_ps(widen(tile.mn[sub].as_ptr().add(8 * h)), dmin);
+                            let sc = wide_i32(tile.sc[sub].as_ptr().add(8 * h));
+                            let mn = wide_i32(tile.mn[sub].as_ptr().add(8 * h));
                             for i in 0..M {
-                                let dall = std::ptr::read_unaligned(q[i] as *const f32);
                                 let p = q[i].add(Q8K_BSUMS + 4 * sub) as *const i16;
-                                let bsum = (std::ptr::read_unaligned(p) as i32
-                                    + std::ptr::read_unaligned(p.add(1)) as i32)
-                                    as f32;
-                                let f = _mm256_cvtepi32_ps(isum[i][h]);
-                                acc[i][h] = _mm256_fmadd_ps(
-                                    f,
-                                    _mm256_mul_ps(scale, _mm256_set1_ps(dall)),
-                                    acc[i][h],
+                                let bsum = std::ptr::read_unaligned(p) as i32
+                                    + std::ptr::read_unaligned(p.add(1)) as i32;
+                                iblk[i][h] = _mm256_add_epi32(
+                                    iblk[i][h],
+                                    _mm256_mullo_epi32(isum[i][h], sc),
                                 );
-                                acc[i][h] =
-                                    _mm256_fnmadd_ps(min, _mm256_set1_ps(dall * bsum), acc[i][h]);
+                                imin[i][h] = _mm256_add_epi32(
+                                    imin[i][h],
+                                    _mm256_mullo_epi32(mn, _mm256_set1_epi32(bsum)),
+                                );
+                            }
+                        }
+                        // Groups of four rows: llama.cpp's gemm adds every 64 values;
+                        // fewer rows: its gemv adds every block.
+                        if (M == MT && sub % 2 == 1) || sub == 7 {
+                            for h in 0..2 {
+                                let d = _mm256_cvtph_ps(_mm_loadu_si128(
+                                    tile.d.as_ptr().add(8 * h) as *const __m128i,
+                                ));
+                                let dmin = _mm256_cvtph_ps(_mm_loadu_si128(
+                                    tile.dmin.as_ptr().add(8 * h) as *const __m128i,
+                                ));
+                                for i in 0..M {
+                                    let dall = _mm256_set1_ps(std::ptr::read_unaligned(
+                                        q[i] as *const f32,
+                                    ));
+                                    acc[i][h] = _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(iblk[i][h]),
+                                        _mm256_mul_ps(d, dall),
+                                        acc[i][h],
+                                    );
+                                    acc_min[i][h] = _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(imin[i][h]),
+                                        _mm256_mul_ps(dmin, dall),
+                                        acc_min[i][h],
+                                    );
+                                    iblk[i][h] = _mm256_setzero_si256();
+                                    imin[i][h] = _mm256_setzero_si256();
+                                }
                             }
                         }
                     }
                 }
                 let mut out = [[0f32; TILE_N]; MT];
                 for i in 0..M {
-                    _mm256_storeu_ps(out[i].as_mut_ptr(), acc[i][0]);
-                    _mm256_storeu_ps(out[i].as_mut_ptr().add(8), acc[i][1]);
+                    _mm256_storeu_ps(out[i].as_mut_ptr(), _mm256_sub_ps(acc[i][0], acc_min[i][0]));
+                    _mm256_storeu_ps(
+                        out[i].as_mut_ptr().add(8),
+                        _mm256_sub_ps(acc[i][1], acc_min[i][1]),
+                    );
                 }
                 out
             }

@@ -1,22 +1,22 @@
-//! CPU matmul for Q5_0 weights.
+//! CPU matmul for Q5_0 and Q8_0 weights (ggml's "type-0" blocks of 32 values and a scale).
 //!
 //! Small models whose hidden size is not a multiple of 256 (Qwen2.5-0.5B: 896) cannot use
 //! k-quants, so their GGUF files store most matrices as Q5_0. candle 0.11 has no SIMD dot
 //! product for Q5_0 x Q8_0 (`BlockQ5_0::vec_dot` is the scalar reference loop), which made
 //! it half of a decode profile and left prefill at a quarter of llama.cpp's speed.
 //!
-//! This module computes exactly what candle's `QMatMul::forward` computes for such weights,
-//! bit for bit: activations are quantized per row with candle's own `BlockQ8_0::from_float`;
-//! each 32-value block pair gives an exact integer dot product `s`; and each output is
-//! `sum += (s as f32 * d_w) * d_x` over the blocks in order, in f32 without fused
-//! multiply-adds. Keeping candle's rounding matters: the model quantizes activations again
-//! at every layer, so even last-bit differences grow into visibly different logits.
+//! This module computes what llama.cpp's x86 build computes for such weights, bit for bit
+//! (its `ggml_vec_dot_q5_0_q8_0`, and its tinyBLAS for batches, which rounds the same way):
+//! activations quantized per row as llama.cpp does (`act_quant`); per 32-value block eight
+//! i32 lanes of the dot product (lane l: values 4l..4l+4), `acc = fma(d_w * d_x, lanes,
+//! acc)` over the blocks in order, and its horizontal sum at the end. Matching its rounding
+//! matters: the model quantizes activations again at every layer, so even last-bit
+//! differences grow into visibly different logits.
 //!
 //! Kernels: 256-bit x86 ones (AVX2 + FMA + F16C, optionally AVX-VNNI or AVX512-VNNI for the
 //! integer part) when the CPU has them, checked at run time, and a portable scalar loop
-//! otherwise. The SIMD kernels get their speed from computing many outputs at once: eight
-//! activation rows against one weight row (prefill), or eight weight rows against one
-//! activation row (decode), so that the per-block float steps run on full vectors. Work is
+//! otherwise. The SIMD kernels compute eight outputs per pass: eight activation rows against
+//! one weight row (prefill), or eight weight rows against one activation row (decode). Work is
 //! split over weight rows and activation tiles on candle's own barrier pool, the pool CPU
 //! attention already uses.
 
@@ -31,6 +31,47 @@ use super::{par_chunks, SharedMut};
 const QK: usize = 32;
 /// Bytes of one Q5_0 block: f16 scale, 32 high bits, 16 bytes of low nibbles.
 const Q5_BYTES: usize = 22;
+
+/// The weight blocks multiplied here: 32 values and an f16 scale each, against Q8_0
+/// activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Q5_0,
+    Q8_0,
+}
+
+impl Format {
+    /// Bytes of one block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Format::Q5_0 => Q5_BYTES,
+            Format::Q8_0 => Q8_BYTES,
+        }
+    }
+
+    fn dtype(self) -> GgmlDType {
+        match self {
+            Format::Q5_0 => GgmlDType::Q5_0,
+            Format::Q8_0 => GgmlDType::Q8_0,
+        }
+    }
+
+    /// Weight `v` (0..32) of block `wb`.
+    fn value(self, wb: &[u8], v: usize) -> i32 {
+        match self {
+            Format::Q8_0 => wb[2 + v] as i8 as i32,
+            Format::Q5_0 => {
+                let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+                let nib = if v < QK / 2 {
+                    wb[6 + v] & 0x0f
+                } else {
+                    wb[6 + v - QK / 2] >> 4
+                };
+                (nib as i32 | ((((qh >> v) & 1) as i32) << 4)) - 16
+            }
+        }
+    }
+}
 /// Bytes of one Q8_0 block: f16 scale, 32 signed bytes.
 const Q8_BYTES: usize = 34;
 /// Rows computed together: activation rows per prefill tile, weight rows per work item.
@@ -90,21 +131,26 @@ impl Kernel {
 
 /// A Q5_0 weight `[n, k]` on the CPU, multiplied by our kernels.
 #[derive(Clone)]
-pub struct Q5Matmul {
+pub struct Q0Matmul {
     w: Arc<QTensor>,
     n: usize,
     k: usize,
     kernel: Kernel,
+    format: Format,
 }
 
-impl std::fmt::Debug for Q5Matmul {
+impl std::fmt::Debug for Q0Matmul {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Q5Matmul([{}, {}], {:?})", self.n, self.k, self.kernel)
+        write!(
+            f,
+            "Q0Matmul({:?} [{}, {}], {:?})",
+            self.format, self.n, self.k, self.kernel
+        )
     }
 }
 
-impl Q5Matmul {
-    /// Takes over `w` when it is a Q5_0 matrix on the CPU; `None` leaves it to candle.
+impl Q0Matmul {
+    /// Takes over `w` when it is a Q5_0 or Q8_0 matrix on the CPU; `None` leaves it to candle.
     /// `TOKENROUTER_CPU_Q5=candle` turns this path off, `=scalar` / `=avx2` force a kernel
     /// (for A/B measurements).
     pub fn new(w: &QMatMul) -> Option<Self> {
@@ -118,9 +164,11 @@ impl Q5Matmul {
         Self::with_kernel(w, kernel)
     }
 
-    /// As [`Q5Matmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
+    /// As [`Q0Matmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
     pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
-        let (t, n, k) = super::cpu_matrix(w, GgmlDType::Q5_0, QK, Q5_BYTES)?;
+        let (format, (t, n, k)) = [Format::Q5_0, Format::Q8_0]
+            .into_iter()
+            .find_map(|f| Some((f, super::cpu_matrix(w, f.dtype(), QK, f.block_bytes())?)))?;
         if !kernel.available() {
             return None;
         }
@@ -129,6 +177,7 @@ impl Q5Matmul {
             n,
             k,
             kernel,
+            format,
         })
     }
 
@@ -145,7 +194,7 @@ impl Q5Matmul {
     }
 }
 
-impl CustomOp1 for Q5Matmul {
+impl CustomOp1 for Q0Matmul {
     fn name(&self) -> &'static str {
         "q5_0-matmul"
     }
@@ -159,7 +208,7 @@ impl CustomOp1 for Q5Matmul {
         let data = self.w.data()?;
         let m = x.len() / self.k;
         let mut out = vec![0f32; m * self.n];
-        matmul(self.kernel, &data, self.n, self.k, x, &mut out)?;
+        matmul(self.kernel, self.format, &data, self.n, self.k, x, &mut out)?;
         Ok((CpuStorage::F32(out), shape))
     }
 }
@@ -169,13 +218,9 @@ struct QuantizedLhs {
     blocks: Vec<BlockQ8_0>,
     /// `[m, kb]` block scales as f32.
     scales: Vec<f32>,
-    /// `[m, kb]`: -16 times the sum of the block's values. The x86 kernels multiply the
-    /// weights as unsigned `x + 16` and add this to get the dot product with `x`.
-    corr: Vec<i32>,
-    /// `scales` and `corr` as `[m.div_ceil(TILE), kb, TILE]` (zero past row `m`), so a tile
-    /// kernel loads one block's eight values at once.
+    /// `scales` as `[m.div_ceil(TILE), kb, TILE]` (zero past row `m`), so a tile kernel
+    /// finds one block's eight values side by side.
     tiled_scales: Vec<f32>,
-    tiled_corr: Vec<i32>,
     kb: usize,
 }
 
@@ -184,37 +229,31 @@ impl QuantizedLhs {
         let kb = k / QK;
         let mut blocks = vec![BlockQ8_0::zeros(); m * kb];
         let mut scales = vec![0f32; m * kb];
-        let mut corr = vec![0i32; m * kb];
         let ptrs = (
             SharedMut(blocks.as_mut_ptr()),
             SharedMut(scales.as_mut_ptr()),
-            SharedMut(corr.as_mut_ptr()),
         );
         par_chunks(m, m * kb, |rows| {
-            let (bp, sp, cp) = ptrs;
+            let (bp, sp) = ptrs;
             for r in rows {
-                // SAFETY: row r owns elements r*kb..(r+1)*kb of the three vectors, which
-                // outlive the call.
-                let (b, s, c) = unsafe {
+                // SAFETY: row r owns elements r*kb..(r+1)*kb of both vectors, which outlive
+                // the call.
+                let (b, s) = unsafe {
                     (
                         std::slice::from_raw_parts_mut(bp.get().add(r * kb), kb),
                         std::slice::from_raw_parts_mut(sp.get().add(r * kb), kb),
-                        std::slice::from_raw_parts_mut(cp.get().add(r * kb), kb),
                     )
                 };
-                BlockQ8_0::from_float(&x[r * k..(r + 1) * k], b);
-                for ((s, c), blk) in s.iter_mut().zip(c).zip(as_bytes(b).chunks_exact(Q8_BYTES)) {
+                super::act_quant::quantize_q8_0(&x[r * k..(r + 1) * k], b);
+                for (s, blk) in s.iter_mut().zip(as_bytes(b).chunks_exact(Q8_BYTES)) {
                     *s = f16_at(blk, 0);
-                    *c = -16 * blk[2..].iter().map(|&v| v as i8 as i32).sum::<i32>();
                 }
             }
         });
         Self {
             tiled_scales: interleave(&scales, m, kb),
-            tiled_corr: interleave(&corr, m, kb),
             blocks,
             scales,
-            corr,
             kb,
         }
     }
@@ -229,17 +268,10 @@ impl QuantizedLhs {
         &self.scales[r * self.kb..(r + 1) * self.kb]
     }
 
+    /// Interleaved scales of the tile starting at row `start` (a multiple of [`TILE`]).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn row_corr(&self, r: usize) -> &[i32] {
-        &self.corr[r * self.kb..(r + 1) * self.kb]
-    }
-
-    /// Interleaved scales and corrections of the tile starting at row `start` (a multiple
-    /// of [`TILE`]).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn tile_parts(&self, start: usize) -> (&[f32], &[i32]) {
-        let range = start * self.kb..(start + TILE) * self.kb;
-        (&self.tiled_scales[range.clone()], &self.tiled_corr[range])
+    fn tile_scales(&self, start: usize) -> &[f32] {
+        &self.tiled_scales[start * self.kb..(start + TILE) * self.kb]
     }
 }
 
@@ -287,6 +319,7 @@ fn tiles(m: usize) -> Vec<Tile> {
 /// `out[m, n] = x[m, k] @ w^T` for Q5_0 weight bytes `w` (`n` rows of `k / 32` blocks).
 pub fn matmul(
     kernel: Kernel,
+    format: Format,
     w: &[u8],
     n: usize,
     k: usize,
@@ -298,7 +331,8 @@ pub fn matmul(
     }
     let kb = k / QK;
     let m = x.len() / k;
-    if w.len() != n * kb * Q5_BYTES || x.len() != m * k || out.len() != m * n {
+    let wbytes = format.block_bytes();
+    if w.len() != n * kb * wbytes || x.len() != m * k || out.len() != m * n {
         candle_core::bail!(
             "q5_0 matmul: sizes do not match: w {} bytes for [{n}, {k}], x {}, out {}",
             w.len(),
@@ -316,7 +350,7 @@ pub fn matmul(
     let tiles = tiles(m);
     let nt = tiles.len();
     let groups = n.div_ceil(TILE);
-    let row_bytes = kb * Q5_BYTES;
+    let row_bytes = kb * wbytes;
     let out_ptr = SharedMut(out.as_mut_ptr());
     // Items are weight-group major: a worker walking a range keeps one group of eight
     // weight rows in L1 while the (small) quantized activations stream from L2.
@@ -332,13 +366,13 @@ pub fn matmul(
             // SAFETY (writes below): element (row, wr) belongs to this item alone (items
             // partition the (weight group, tile) grid) and `out` outlives the pool call.
             if tile.rows == 1 {
-                let dots = dot_weights(kernel, &ws, &lhs, tile.start);
+                let dots = dot_weights(kernel, format, &ws, &lhs, tile.start);
                 for (wr, d) in wrows.zip(dots) {
                     unsafe { *out_ptr.get().add(tile.start * n + wr) = d };
                 }
             } else {
                 let mut dots = [[0f32; TILE]; TILE];
-                dot_acts(kernel, &ws[..wrows.len()], &lhs, tile, &mut dots);
+                dot_acts(kernel, format, &ws[..wrows.len()], &lhs, tile, &mut dots);
                 for (wr, dots) in wrows.zip(&dots) {
                     for (i, d) in dots.iter().take(tile.rows).enumerate() {
                         unsafe { *out_ptr.get().add((tile.start + i) * n + wr) = *d };
@@ -350,18 +384,19 @@ pub fn matmul(
     Ok(())
 }
 
-/// An x86 `dot_acts`: weight rows, eight activation rows, their interleaved scales and
-/// corrections, and the outputs per weight row.
+/// An x86 `dot_acts`: weight rows, eight activation rows, their interleaved scales, and
+/// the outputs per weight row.
 #[cfg(target_arch = "x86_64")]
-type ActsKernel = unsafe fn(&[&[u8]], &[&[u8]; TILE], &[f32], &[i32], &mut [[f32; TILE]; TILE]);
-/// An x86 `dot_weights`: eight weight rows, then one row's blocks, corrections, scales.
+type ActsKernel = unsafe fn(Format, &[&[u8]], &[&[u8]; TILE], &[f32], &mut [[f32; TILE]; TILE]);
+/// An x86 `dot_weights`: eight weight rows, then one row's blocks and scales.
 #[cfg(target_arch = "x86_64")]
-type WeightsKernel = unsafe fn(&[&[u8]; TILE], &[u8], &[i32], &[f32]) -> [f32; TILE];
+type WeightsKernel = unsafe fn(Format, &[&[u8]; TILE], &[u8], &[f32]) -> [f32; TILE];
 
 /// Weight rows `ws` (at most eight) against the (padded) eight rows of a tile: `dots[i]`
 /// are weight row i's products.
 fn dot_acts(
     kernel: Kernel,
+    format: Format,
     ws: &[&[u8]],
     lhs: &QuantizedLhs,
     tile: Tile,
@@ -371,16 +406,15 @@ fn dot_acts(
     #[cfg(target_arch = "x86_64")]
     let x86 = |f: ActsKernel, dots: &mut [[f32; TILE]; TILE]| {
         let acts = std::array::from_fn(|i| lhs.row(row(i)));
-        let (scales, corr) = lhs.tile_parts(tile.start);
         // SAFETY: `matmul` checked that the CPU runs this kernel; the kernel checks the
         // slice lengths against the weight rows' block count.
-        unsafe { f(ws, &acts, scales, corr, dots) }
+        unsafe { f(format, ws, &acts, lhs.tile_scales(tile.start), dots) }
     };
     match kernel {
         Kernel::Scalar => {
             for (w, dots) in ws.iter().zip(dots.iter_mut()) {
                 for (i, d) in dots.iter_mut().enumerate() {
-                    *d = dot_scalar(w, lhs.row(row(i)), lhs.row_scales(row(i)));
+                    *d = dot_scalar(format, w, lhs.row(row(i)), lhs.row_scales(row(i)));
                 }
             }
         }
@@ -396,15 +430,21 @@ fn dot_acts(
 }
 
 /// Eight weight rows against activation row `r`.
-fn dot_weights(kernel: Kernel, ws: &[&[u8]; TILE], lhs: &QuantizedLhs, r: usize) -> [f32; TILE] {
+fn dot_weights(
+    kernel: Kernel,
+    format: Format,
+    ws: &[&[u8]; TILE],
+    lhs: &QuantizedLhs,
+    r: usize,
+) -> [f32; TILE] {
     let (q, s) = (lhs.row(r), lhs.row_scales(r));
     #[cfg(target_arch = "x86_64")]
     let x86 = |f: WeightsKernel| {
         // SAFETY: as in `dot_acts`.
-        unsafe { f(ws, q, lhs.row_corr(r), s) }
+        unsafe { f(format, ws, q, s) }
     };
     match kernel {
-        Kernel::Scalar => ws.map(|w| dot_scalar(w, q, s)),
+        Kernel::Scalar => ws.map(|w| dot_scalar(format, w, q, s)),
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx2 => x86(avx2::dot_weights),
         #[cfg(target_arch = "x86_64")]
@@ -416,29 +456,28 @@ fn dot_weights(kernel: Kernel, ws: &[&[u8]; TILE], lhs: &QuantizedLhs, r: usize)
     }
 }
 
-/// One weight row against one activation row, block by block like candle's reference loop:
-/// `sum += (sumi as f32) * d_w * d_x`.
-fn dot_scalar(w: &[u8], q: &[u8], scales: &[f32]) -> f32 {
-    let mut sum = 0f32;
+/// One weight row against one activation row as llama.cpp's AVX2 `ggml_vec_dot_q5_0_q8_0`:
+/// per block eight i32 lanes (lane l: values 4l..4l+4), `acc = fma(d_w * d_x, lanes,
+/// acc)`, and `((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))` at the end.
+fn dot_scalar(format: Format, w: &[u8], q: &[u8], scales: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
     for ((wb, qb), &dy) in w
-        .chunks_exact(Q5_BYTES)
+        .chunks_exact(format.block_bytes())
         .zip(q.chunks_exact(Q8_BYTES))
         .zip(scales)
     {
-        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
-        let qs = &wb[6..22];
         let y = &qb[2..34];
-        let mut sumi = 0i32;
-        for j in 0..QK / 2 {
-            let hi0 = ((qh >> j) & 1) as i32;
-            let hi1 = ((qh >> (j + 16)) & 1) as i32;
-            let x0 = ((qs[j] & 0x0f) as i32 | (hi0 << 4)) - 16;
-            let x1 = ((qs[j] >> 4) as i32 | (hi1 << 4)) - 16;
-            sumi += x0 * (y[j] as i8) as i32 + x1 * (y[j + QK / 2] as i8) as i32;
+        let mut lanes = [0i32; 8];
+        for v in 0..QK {
+            lanes[v / 4] += format.value(wb, v) * (y[v] as i8) as i32;
         }
-        sum += sumi as f32 * f16_at(wb, 0) * dy;
+        let d = f16_at(wb, 0) * dy;
+        for (a, &l) in acc.iter_mut().zip(&lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
     }
-    sum
+    let r: [f32; 4] = std::array::from_fn(|i| acc[i + 4] + acc[i]);
+    (r[0] + r[2]) + (r[1] + r[3])
 }
 
 /// The x86 kernels, instantiated once per instruction set: `$features` are the target
@@ -448,7 +487,7 @@ fn dot_scalar(w: &[u8], q: &[u8], scales: &[f32]) -> f32 {
 macro_rules! x86_kernels {
     ($module:ident, $features:literal, $dot:expr) => {
         mod $module {
-            use super::{Q5_BYTES, Q8_BYTES, TILE};
+            use super::{Format, Q8_BYTES, TILE};
             use std::arch::x86_64::*;
 
             /// The 32 weights of one Q5_0 block plus 16, as unsigned bytes in 0..=31.
@@ -475,126 +514,117 @@ macro_rules! x86_kernels {
                 _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
             }
 
-            /// Eight i32 lanes summing to the exact dot product of the block's unsigned
-            /// weights `xu` with the 32 i8 at `y` (adding the block's correction turns it
-            /// into the product with `xu - 16`).
+            /// The block's weights as signed bytes, and their magnitudes.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn block_dot(xu: __m256i, y: *const u8) -> __m256i {
+            unsafe fn signed(format: Format, wb: *const u8) -> (__m256i, __m256i) {
+                let x = match format {
+                    Format::Q5_0 => _mm256_sub_epi8(decode(wb), _mm256_set1_epi8(16)),
+                    Format::Q8_0 => _mm256_loadu_si256(wb.add(2) as *const __m256i),
+                };
+                (x, _mm256_sign_epi8(x, x))
+            }
+
+            /// Eight i32 lanes of the block's dot product with the 32 i8 at `y` (lane l:
+            /// values 4l..4l+4), as llama.cpp's `mul_sum_i8_pairs_float`: |x| times y with
+            /// x's signs.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn lanes(x: __m256i, ax: __m256i, y: *const u8) -> __m256 {
                 let y = _mm256_loadu_si256(y as *const __m256i);
                 #[allow(clippy::redundant_closure_call)]
-                ($dot)(xu, y)
+                _mm256_cvtepi32_ps(($dot)(ax, _mm256_sign_epi8(y, x)))
             }
 
-            /// The exact sums of eight such lane vectors, one per lane.
+            /// llama.cpp's `hsum_float_8`.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn fold8(p: [__m256i; 8]) -> __m256i {
-                // Each 128-bit half: [s0, s1, s2, s3] of its half of the lanes.
-                let lo =
-                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-                let hi =
-                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-                _mm256_add_epi32(
-                    _mm256_permute2x128_si256(lo, hi, 0x20),
-                    _mm256_permute2x128_si256(lo, hi, 0x31),
-                )
-            }
-
-            /// candle's f32 step for eight outputs: `sum + (s * d_w) * d_x`, no fma.
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn step(sum: __m256, s: __m256i, dw: __m256, dx: __m256) -> __m256 {
-                _mm256_add_ps(
-                    sum,
-                    _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dw), dx),
-                )
+            unsafe fn hsum(v: __m256) -> f32 {
+                let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+                let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+                _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
             }
 
             /// Weight rows `ws` (at most eight) against eight activation rows `acts`, whose
-            /// block scales and corrections are interleaved in `scales` and `corr`
-            /// (`[kb, 8]`). `dots[i]` gets weight row i's eight products.
+            /// block scales are interleaved in `scales` (`[kb, 8]`). `dots[i]` gets weight
+            /// row i's eight products.
             ///
             /// # Safety
             /// The CPU must support `$features`.
             #[target_feature(enable = $features)]
             pub(super) unsafe fn dot_acts(
+                format: Format,
                 ws: &[&[u8]],
                 acts: &[&[u8]; TILE],
                 scales: &[f32],
-                corr: &[i32],
                 dots: &mut [[f32; TILE]; TILE],
             ) {
                 let kb = scales.len() / TILE;
                 // Real checks: the loops read kb blocks of every row through raw pointers.
-                assert!(scales.len() == kb * TILE && corr.len() == kb * TILE && ws.len() <= TILE);
+                assert!(scales.len() == kb * TILE && ws.len() <= TILE);
                 for q in acts {
                     assert!(q.len() == kb * Q8_BYTES);
                 }
                 let qp = acts.map(|q| q.as_ptr().add(2));
+                let wbytes = format.block_bytes();
                 for (w, dots) in ws.iter().zip(dots.iter_mut()) {
-                    assert!(w.len() == kb * Q5_BYTES);
-                    let mut sum = _mm256_setzero_ps();
+                    assert!(w.len() == kb * wbytes);
+                    let mut acc = [_mm256_setzero_ps(); TILE];
                     for b in 0..kb {
-                        let wb = w.as_ptr().add(b * Q5_BYTES);
-                        let xu = decode(wb);
+                        let wb = w.as_ptr().add(b * wbytes);
+                        let (x, ax) = signed(format, wb);
+                        let dw = f16_to_f32(wb);
                         let off = b * Q8_BYTES;
-                        let s = fold8(std::array::from_fn(|i| block_dot(xu, qp[i].add(off))));
-                        let c = _mm256_loadu_si256(corr.as_ptr().add(b * TILE) as *const __m256i);
-                        let dw = _mm256_set1_ps(f16_to_f32(wb));
-                        let dx = _mm256_loadu_ps(scales.as_ptr().add(b * TILE));
-                        sum = step(sum, _mm256_add_epi32(s, c), dw, dx);
+                        for (i, acc) in acc.iter_mut().enumerate() {
+                            let d = _mm256_set1_ps(dw * *scales.get_unchecked(b * TILE + i));
+                            *acc = _mm256_fmadd_ps(d, lanes(x, ax, qp[i].add(off)), *acc);
+                        }
                     }
-                    *dots = std::mem::transmute::<__m256, [f32; TILE]>(sum);
+                    for (d, acc) in dots.iter_mut().zip(acc) {
+                        *d = hsum(acc);
+                    }
                 }
             }
 
-            /// Eight weight rows against one activation row (blocks `q`, corrections `corr`,
-            /// scales `scales`).
+            /// Eight weight rows against one activation row (blocks `q`, scales `scales`).
             ///
             /// # Safety
             /// The CPU must support `$features`.
             #[target_feature(enable = $features)]
             pub(super) unsafe fn dot_weights(
+                format: Format,
                 ws: &[&[u8]; TILE],
                 q: &[u8],
-                corr: &[i32],
                 scales: &[f32],
             ) -> [f32; TILE] {
                 let kb = scales.len();
                 // Real checks: the loop reads kb blocks of every row through raw pointers.
-                assert!(q.len() == kb * Q8_BYTES && corr.len() == kb);
+                assert!(q.len() == kb * Q8_BYTES);
+                let wbytes = format.block_bytes();
                 for w in ws {
-                    assert!(w.len() == kb * Q5_BYTES);
+                    assert!(w.len() == kb * wbytes);
                 }
                 let wp = ws.map(|w| w.as_ptr());
                 // The eight rows are read side by side in short runs, which the hardware
                 // prefetchers follow poorly: fetch the next eight rows (the next group, just
                 // after these in memory) at the pace this group is read.
-                let ahead = wp[0].wrapping_add(TILE * kb * Q5_BYTES);
-                let mut sum = _mm256_setzero_ps();
+                let ahead = wp[0].wrapping_add(TILE * kb * wbytes);
+                let mut acc = [_mm256_setzero_ps(); TILE];
                 for b in 0..kb {
-                    let next = ahead.wrapping_add(b * TILE * Q5_BYTES);
-                    for line in 0..3 {
+                    let next = ahead.wrapping_add(b * TILE * wbytes);
+                    for line in 0..(TILE * wbytes).div_ceil(64) {
                         _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line) as *const i8);
                     }
                     let y = q.as_ptr().add(b * Q8_BYTES + 2);
-                    let wb = wp.map(|p| p.add(b * Q5_BYTES));
-                    let s = fold8(std::array::from_fn(|i| block_dot(decode(wb[i]), y)));
-                    let s = _mm256_add_epi32(s, _mm256_set1_epi32(*corr.get_unchecked(b)));
-                    let dw = _mm256_cvtph_ps(_mm_setr_epi16(
-                        read_i16(wb[0]),
-                        read_i16(wb[1]),
-                        read_i16(wb[2]),
-                        read_i16(wb[3]),
-                        read_i16(wb[4]),
-                        read_i16(wb[5]),
-                        read_i16(wb[6]),
-                        read_i16(wb[7]),
-                    ));
-                    sum = step(sum, s, dw, _mm256_set1_ps(*scales.get_unchecked(b)));
+                    let dx = *scales.get_unchecked(b);
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        let wb = wp[i].add(b * wbytes);
+                        let (x, ax) = signed(format, wb);
+                        let d = _mm256_set1_ps(f16_to_f32(wb) * dx);
+                        *acc = _mm256_fmadd_ps(d, lanes(x, ax, y), *acc);
+                    }
                 }
-                std::mem::transmute::<__m256, [f32; TILE]>(sum)
+                acc.map(|a| hsum(a))
             }
 
             #[inline]

@@ -1,0 +1,86 @@
+//! CPU element-wise ops with llama.cpp's arithmetic (its x86 AVX2 build): RMSNorm and
+//! SwiGLU. A quantized model's next-token choice on near-ties follows ulp-level differences
+//! (they flip activation quantisation steps downstream), and llama.cpp is the reference our
+//! CPU numerics are checked against, so the CPU path does these ops the way it does: the
+//! RMSNorm sum of squares in f64 and a multiply by the reciprocal root, SiLU through ggml's
+//! vectorised `expf` approximation (`ggml_v_expf`, lane by lane here).
+
+/// `x * (1 / sqrt(mean(x^2) + eps)) * w` per row of `x` (`[rows, n]` flattened), as
+/// ggml's `rms_norm` (+ `mul`): squares summed in f64, the mean rounded to f32.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let n = w.len();
+    let mut y = vec![0f32; x.len()];
+    for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+        let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
+        let mean = (sum / n as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
+            *o = v * scale * g;
+        }
+    }
+    y
+}
+
+/// ggml's AVX2 `ggml_v_expf` for one lane (same constants, same fused multiply-adds).
+pub fn v_expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0
+    let n = z - r;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),                  // 0x1.7f7d1cp-20
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1
+    );
+    let e = z.to_bits().wrapping_shl(23);
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let c = n.abs() > 126.0;
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010) // 0x1.0e4020p-7
+        .mul_add(b, f32::from_bits(0x3d2b_9f17)) // 0x1.573e2ep-5
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)), // 0x1.555e66p-3, 0x1.fffdb6p-2
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b); // 0x1.ffffecp-1
+    if !c {
+        return j.mul_add(k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// `silu(gate) * up` as ggml's `swiglu` (AVX2: `x / (1 + v_expf(-x))`, then the product).
+pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&x, &g)| x / (1.0 + v_expf(0.0 - x)) * g)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v_expf_is_close_to_exp() {
+        for i in -1700..1700 {
+            let x = i as f32 * 0.05;
+            let (a, b) = (v_expf(x), x.exp());
+            assert!((a - b).abs() <= b * 2e-6, "{x}: {a} vs {b}");
+        }
+        assert_eq!(v_expf(-200.0), 0.0);
+        assert!(v_expf(200.0).is_infinite());
+    }
+
+    #[test]
+    fn rms_norm_normalises_rows() {
+        let x = [3.0f32, 4.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+        let y = rms_norm(&x, &[1.0, 1.0, 1.0, 2.0], 0.0);
+        assert!((y[0] - 3.0 / 2.5).abs() < 1e-6 && (y[7] - 2.0).abs() < 1e-6);
+    }
+}
