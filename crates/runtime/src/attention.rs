@@ -142,6 +142,86 @@ fn f16r(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
+/// The x86-64-v3 build (`.cargo/config.toml`): eight lanes at a time with F16C.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+mod f16_lanes {
+    use std::arch::x86_64::*;
+
+    /// Round eight f32 to f16 precision (to nearest, ties to even, like `f16r`).
+    #[inline]
+    unsafe fn round(v: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+    }
+
+    /// `o[i] = f16(v[i] * w + o[i])` for the first multiple of eight; returns how many.
+    #[inline]
+    pub fn mad(o: &mut [f32], v: &[f32], w: f32) -> usize {
+        let n = o.len().min(v.len()) / 8 * 8;
+        // SAFETY: the target features are enabled for the whole build (cfg above); the
+        // loads and stores stay within the first `n` elements of both slices.
+        unsafe {
+            let w = _mm256_set1_ps(w);
+            for c in (0..n).step_by(8) {
+                let a = _mm256_loadu_ps(o.as_ptr().add(c));
+                let b = _mm256_loadu_ps(v.as_ptr().add(c));
+                _mm256_storeu_ps(o.as_mut_ptr().add(c), round(_mm256_fmadd_ps(b, w, a)));
+            }
+        }
+        n
+    }
+
+    /// `o[i] = f16(o[i] * s)` for the first multiple of eight; returns how many.
+    #[inline]
+    pub fn scale(o: &mut [f32], s: f32) -> usize {
+        let n = o.len() / 8 * 8;
+        // SAFETY: as in `mad`.
+        unsafe {
+            let s = _mm256_set1_ps(s);
+            for c in (0..n).step_by(8) {
+                let a = _mm256_loadu_ps(o.as_ptr().add(c));
+                _mm256_storeu_ps(o.as_mut_ptr().add(c), round(_mm256_mul_ps(a, s)));
+            }
+        }
+        n
+    }
+}
+
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+)))]
+mod f16_lanes {
+    pub fn mad(_: &mut [f32], _: &[f32], _: f32) -> usize {
+        0
+    }
+    pub fn scale(_: &mut [f32], _: f32) -> usize {
+        0
+    }
+}
+
+/// `o = f16(v * w + o)` (ggml's `ggml_vec_mad_f16`: a fused multiply-add, stored as f16).
+fn mad_f16(o: &mut [f32], v: &[f32], w: f32) {
+    let done = f16_lanes::mad(o, v, w);
+    for (x, v) in o[done..].iter_mut().zip(&v[done..]) {
+        *x = f16r(v.mul_add(w, *x));
+    }
+}
+
+/// `o = f16(o * s)` (ggml's `ggml_vec_scale_f16`).
+fn scale_f16(o: &mut [f32], s: f32) {
+    let done = f16_lanes::scale(o, s);
+    for x in &mut o[done..] {
+        *x = f16r(*x * s);
+    }
+}
+
 /// One query head over `n` cached keys as llama.cpp's CPU flash attention with an f16 KV
 /// cache (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`): keys in order, an online
 /// softmax in f32 with `expf`, and the weighted sum of values accumulated in f16 (each
@@ -166,15 +246,11 @@ fn attend_one(
         if s > m {
             ms = (m - s).exp();
             m = s;
-            for x in o.iter_mut() {
-                *x = f16r(*x * ms);
-            }
+            scale_f16(o, ms);
         } else {
             vs = (s - m).exp();
         }
-        for (x, v) in o.iter_mut().zip(&vc[at..at + hd]) {
-            *x = f16r(v.mul_add(vs, *x));
-        }
+        mad_f16(o, &vc[at..at + hd], vs);
         // Not fused: llama.cpp's released x86 build computes `S = S*ms + vs` in two steps.
         sum = sum * ms + vs;
     }

@@ -5,7 +5,7 @@
 use crate::attention::{paged_attention, HeadDims, RopeTable, RowSpan};
 use crate::attention_device::{self, DeviceRope, StepPlan};
 use crate::config::ModelConfig;
-use crate::cpu_quant::CpuMatmul;
+use crate::cpu_quant::{CpuMatmul, SeqRows};
 use crate::error::Result;
 use crate::kv::{BlockTable, KvStore};
 use crate::weights::{Part, Role, WeightSource};
@@ -104,9 +104,11 @@ impl Linear {
         }
     }
 
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    /// `x W^T (+ b)`, `x`'s rows grouped into sequences (`cpu_quant::SeqRows`; `None`:
+    /// each row on its own).
+    fn forward(&self, x: &Tensor, seqs: SeqRows) -> candle_core::Result<Tensor> {
         let y = match &self.cpu {
-            Some(q) => q.forward(x)?,
+            Some(q) => q.forward(x, seqs)?,
             None => matmul_t(x, &self.w)?,
         };
         match &self.b {
@@ -372,12 +374,18 @@ impl Transformer {
             }
             KvStore::Host(_) => None,
         };
+        let lens: Vec<usize> = rows.iter().map(|r| r.len).collect();
+        let seqs = Some(&lens[..]);
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, eps)?;
             let (mut q, mut k, v) = match &layer.qkv {
-                Qkv::Split(q, k, v) => (q.forward(&h)?, k.forward(&h)?, v.forward(&h)?),
+                Qkv::Split(q, k, v) => (
+                    q.forward(&h, seqs)?,
+                    k.forward(&h, seqs)?,
+                    v.forward(&h, seqs)?,
+                ),
                 Qkv::Fused(f) => {
-                    let y = f.forward(&h)?;
+                    let y = f.forward(&h, seqs)?;
                     let (qd, kvd) = (
                         cfg.num_heads * cfg.head_dim,
                         cfg.num_kv_heads * cfg.head_dim,
@@ -419,18 +427,18 @@ impl Transformer {
                     Tensor::from_vec(attn, (t, cfg.num_heads * cfg.head_dim), &self.device)?
                 }
             };
-            x = (x + layer.o.forward(&attn)?)?;
+            x = (x + layer.o.forward(&attn, seqs)?)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?;
             let (g, u) = match &layer.gate_up {
-                GateUp::Split(g, u) => (g.forward(&h)?, u.forward(&h)?),
+                GateUp::Split(g, u) => (g.forward(&h, seqs)?, u.forward(&h, seqs)?),
                 GateUp::Fused(f) => {
-                    let y = f.forward(&h)?;
+                    let y = f.forward(&h, seqs)?;
                     let i = cfg.intermediate_size;
                     (y.narrow(1, 0, i)?, y.narrow(1, i, i)?)
                 }
             };
             let m = swiglu(&g, &u)?;
-            x = (x + layer.down.forward(&m)?)?;
+            x = (x + layer.down.forward(&m, seqs)?)?;
         }
         let x = if all_logits {
             x
@@ -445,7 +453,7 @@ impl Transformer {
     /// Sampling and routers read f32: convert on the device (a no-op on f32).
     fn head(&self, hn: &Tensor, want_hidden: bool) -> candle_core::Result<ForwardOutput> {
         let logits = match &self.lm_head_cpu {
-            Some(q) => q.forward(hn)?,
+            Some(q) => q.forward(hn, None)?,
             None => matmul_t(hn, &self.lm_head)?,
         };
         Ok(ForwardOutput {

@@ -227,11 +227,11 @@ impl Transformer {
                 ));
             };
             let cache = &caches[li];
-            let (q, attn) = self.attend(layer, &qkv_proj.forward(&h)?, m, cache)?;
+            let (q, attn) = self.attend(layer, &qkv_proj.forward(&h, None)?, m, cache)?;
             for long in long_rows {
                 attn.slice_set(&long.attend(&q, cache, self.head_dims())?, 0, long.start)?;
             }
-            let o = layer.o.forward(&attn)?;
+            let o = layer.o.forward(&attn, None)?;
             h = x.apply_op2_no_bwd(
                 &o,
                 &AddRmsNorm {
@@ -239,8 +239,8 @@ impl Transformer {
                     eps,
                 },
             )?;
-            let act = gate_up.forward(&h)?.apply_op1_no_bwd(&SiluMul)?;
-            let d = layer.down.forward(&act)?;
+            let act = gate_up.forward(&h, None)?.apply_op1_no_bwd(&SiluMul)?;
+            let d = layer.down.forward(&act, None)?;
             let next_norm = self.layers.get(li + 1).map_or(&self.norm, |l| &l.attn_norm);
             h = x.apply_op2_no_bwd(
                 &d,

@@ -46,13 +46,33 @@ impl CpuMatmul {
         Q6kMatmul::new(w).map(Self::Q6K)
     }
 
-    /// `x @ w^T` for `x` of shape `[.., k]`.
-    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    /// `x @ w^T` for `x` of shape `[.., k]`, its rows grouped into sequences by `seqs`.
+    pub fn forward(&self, x: &Tensor, seqs: SeqRows) -> candle_core::Result<Tensor> {
         match self {
             Self::Q0(q) => q.forward(x),
-            Self::Q4K(q) => q.forward(x),
-            Self::Q6K(q) => q.forward(x),
+            Self::Q4K(q) => q.forward(x, seqs),
+            Self::Q6K(q) => q.forward(x, seqs),
         }
+    }
+}
+
+/// Which activation rows of a matmul belong to one sequence: `Some(lens)` with `lens[i]`
+/// consecutive rows of sequence i (summing to the row count), `None` for rows each on their
+/// own. llama.cpp rounds K-quant products differently in a batch than for a single row (a
+/// batch's full groups of four rows go through its Q4_K gemm, batches of eight rows and
+/// more through its tiled Q6_K kernel); we apply its rule per sequence, so a sequence's
+/// results are llama.cpp's for that sequence alone, whatever else shares the step.
+pub type SeqRows<'a> = Option<&'a [usize]>;
+
+/// For each of `m` rows: (its index among its sequence's rows, that sequence's row count).
+/// Rows are on their own when `seqs` is `None` or does not add up to `m`.
+fn seq_positions(m: usize, seqs: SeqRows) -> Vec<(usize, usize)> {
+    match seqs {
+        Some(lens) if lens.iter().sum::<usize>() == m => lens
+            .iter()
+            .flat_map(|&len| (0..len).map(move |i| (i, len)))
+            .collect(),
+        _ => vec![(0, 1); m],
     }
 }
 

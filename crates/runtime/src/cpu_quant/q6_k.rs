@@ -126,17 +126,30 @@ impl Q6kMatmul {
         self.kernel
     }
 
-    /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`, one activation row at a time (each
-    /// row's result the same as alone, as in llama.cpp, which multiplies Q6_K row by row).
-    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if x.dtype() != DType::F32 || !x.device().is_cpu() || !x.elem_count().is_multiple_of(self.k) {
+    /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`, one activation row at a time, its
+    /// rows grouped into sequences by `seqs` (see [`super::SeqRows`]).
+    pub fn forward(&self, x: &Tensor, seqs: super::SeqRows) -> candle_core::Result<Tensor> {
+        if x.dtype() != DType::F32 || !x.device().is_cpu() || !x.elem_count().is_multiple_of(self.k)
+        {
             return x.apply_op1_no_bwd(self.w.as_ref());
         }
-        x.contiguous()?.apply_op1_no_bwd(self)
+        let m = x.elem_count() / self.k;
+        let tiled = super::seq_positions(m, seqs)
+            .into_iter()
+            .map(|(_, len)| len >= TILED_MIN_ROWS)
+            .collect();
+        x.contiguous()?.apply_op1_no_bwd(&Call { mm: self, tiled })
     }
 }
 
-impl CustomOp1 for Q6kMatmul {
+/// One product: the weight, and per activation row whether it rounds like llama.cpp's tiled
+/// kernel.
+struct Call<'a> {
+    mm: &'a Q6kMatmul,
+    tiled: Vec<bool>,
+}
+
+impl CustomOp1 for Call<'_> {
     fn name(&self) -> &'static str {
         "q6_k-matvec"
     }
@@ -146,21 +159,11 @@ impl CustomOp1 for Q6kMatmul {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (x, shape) = super::matmul_io("q6_k matvec", storage, layout, self.k, self.n)?;
-        let data = self.w.data()?;
-        let rows = x.len() / self.k;
-        let mut out = vec![0f32; rows * self.n];
-        for (xr, o) in x.chunks_exact(self.k).zip(out.chunks_exact_mut(self.n)) {
-            matvec(
-                self.kernel,
-                &data,
-                self.n,
-                self.k,
-                xr,
-                o,
-                rows >= TILED_MIN_ROWS,
-            )?;
-        }
+        let mm = self.mm;
+        let (x, shape) = super::matmul_io("q6_k matvec", storage, layout, mm.k, mm.n)?;
+        let data = mm.w.data()?;
+        let mut out = vec![0f32; x.len() / mm.k * mm.n];
+        matvec(mm.kernel, &data, mm.n, mm.k, x, &mut out, &self.tiled)?;
         Ok((CpuStorage::F32(out), shape))
     }
 }
@@ -171,7 +174,10 @@ fn as_bytes(b: &[BlockQ8K]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, std::mem::size_of_val(b)) }
 }
 
-/// `out[n] = w @ x` for Q6_K weight bytes `w` (`n` rows of `k / 256` blocks), `x` one row.
+/// `out[m, n] = x[m, k] @ w^T` for Q6_K weight bytes `w` (`n` rows of `k / 256` blocks), one
+/// activation row at a time (`tiled[r]`: row r rounds like llama.cpp's tiled kernel for
+/// batches of eight rows and more). Each group of eight weight rows meets every activation
+/// row while it is cached.
 fn matvec(
     kernel: Kernel,
     w: &[u8],
@@ -179,27 +185,30 @@ fn matvec(
     k: usize,
     x: &[f32],
     out: &mut [f32],
-    tiled: bool,
+    tiled: &[bool],
 ) -> candle_core::Result<()> {
     if k == 0 || !k.is_multiple_of(QK_K) {
         candle_core::bail!("q6_k matvec: k = {k} is not a positive multiple of {QK_K}");
     }
     let kb = k / QK_K;
-    if w.len() != n * kb * Q6K_BYTES || x.len() != k || out.len() != n {
+    let m = x.len() / k;
+    if w.len() != n * kb * Q6K_BYTES || x.len() != m * k || out.len() != m * n || tiled.len() != m {
         candle_core::bail!("q6_k matvec: sizes do not match for [{n}, {k}]");
     }
     if !kernel.available() {
         candle_core::bail!("q6_k matvec: this CPU cannot run the {kernel:?} kernel");
     }
-    if n == 0 {
+    if n == 0 || m == 0 {
         return Ok(());
     }
-    let mut lhs = vec![BlockQ8K::zeros(); kb];
-    super::act_quant::quantize_q8k(x, &mut lhs);
-    let q = as_bytes(&lhs);
+    let mut lhs = vec![BlockQ8K::zeros(); m * kb];
+    for (xr, blocks) in x.chunks_exact(k).zip(lhs.chunks_exact_mut(kb)) {
+        super::act_quant::quantize_q8k(xr, blocks);
+    }
+    let lhs = as_bytes(&lhs);
     let row_bytes = kb * Q6K_BYTES;
     let out_ptr = SharedMut(out.as_mut_ptr());
-    par_chunks(n.div_ceil(ROWS), n * kb * 8, |groups| {
+    par_chunks(n.div_ceil(ROWS), m * n * kb * 8, |groups| {
         for g in groups {
             let rows = g * ROWS..n.min((g + 1) * ROWS);
             // A short last group repeats its last row (results dropped).
@@ -207,28 +216,31 @@ fn matvec(
                 let r = (rows.start + i).min(rows.end - 1);
                 &w[r * row_bytes..(r + 1) * row_bytes]
             });
-            let dots = match (kernel, tiled) {
-                (Kernel::Scalar, _) => ws.map(|w| dot_scalar(w, q, tiled)),
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `matvec` checked that the CPU runs the kernel; it checks lengths.
-                (Kernel::Avx512Vnni, false) => unsafe { avx512::dot::<false>(&ws, q) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                (Kernel::Avx512Vnni, true) => unsafe { avx512::dot::<true>(&ws, q) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                (Kernel::Avx2, false) => unsafe { avx2::dot::<false>(&ws, q) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                (Kernel::Avx2, true) => unsafe { avx2::dot::<true>(&ws, q) },
-                #[cfg(not(target_arch = "x86_64"))]
-                (Kernel::Avx2 | Kernel::Avx512Vnni, _) => {
-                    unreachable!("only the scalar kernel runs off x86_64")
+            for (a, q) in lhs.chunks_exact(kb * Q8K_BYTES).enumerate() {
+                let tiled = tiled[a];
+                let dots = match (kernel, tiled) {
+                    (Kernel::Scalar, _) => ws.map(|w| dot_scalar(w, q, tiled)),
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `matvec` checked that the CPU runs the kernel; it checks lengths.
+                    (Kernel::Avx512Vnni, false) => unsafe { avx512::dot::<false>(&ws, q) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    (Kernel::Avx512Vnni, true) => unsafe { avx512::dot::<true>(&ws, q) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    (Kernel::Avx2, false) => unsafe { avx2::dot::<false>(&ws, q) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    (Kernel::Avx2, true) => unsafe { avx2::dot::<true>(&ws, q) },
+                    #[cfg(not(target_arch = "x86_64"))]
+                    (Kernel::Avx2 | Kernel::Avx512Vnni, _) => {
+                        unreachable!("only the scalar kernel runs off x86_64")
+                    }
+                };
+                for (r, d) in rows.clone().zip(dots) {
+                    // SAFETY: weight rows belong to one group each; `out` outlives the call.
+                    unsafe { *out_ptr.get().add(a * n + r) = d };
                 }
-            };
-            for (r, d) in rows.zip(dots) {
-                // SAFETY: rows belong to one group each; `out` outlives the call.
-                unsafe { *out_ptr.get().add(r) = d };
             }
         }
     });
@@ -523,15 +535,12 @@ mod tests {
             // One row, a few (the vec_dot arithmetic), eight and more (the tiled one).
             for m in [1, 3, 8, 9] {
                 let x = Tensor::from_vec(values(m * k, n as u64), (m, k), &Device::Cpu).unwrap();
-                let scalar = flat(
-                    Q6kMatmul::with_kernel(&w, Kernel::Scalar)
-                        .unwrap()
-                        .forward(&x)
-                        .unwrap(),
-                );
+                let seqs = Some(&[m][..]);
+                let scalar = Q6kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
+                let scalar = flat(scalar.forward(&x, seqs).unwrap());
                 for kernel in kernels().into_iter().skip(1) {
                     let q = Q6kMatmul::with_kernel(&w, kernel).unwrap();
-                    let got = flat(q.forward(&x).unwrap());
+                    let got = flat(q.forward(&x, seqs).unwrap());
                     assert!(got == scalar, "{kernel:?} [{m}x{k}] x [{n}x{k}]^T differs");
                 }
                 let d = rel_diff(&scalar, &flat(w.forward(&x).unwrap()));
@@ -554,15 +563,19 @@ mod tests {
         let x = values(8 * k, 5);
         let q = Q6kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
         let xt = Tensor::from_vec(x.clone(), (8, k), &Device::Cpu).unwrap();
-        let batch = flat(q.forward(&xt).unwrap());
+        let batch = flat(q.forward(&xt, Some(&[8])).unwrap());
+        // The same rows as eight sequences of one row: each rounds like a row alone.
+        let alone = flat(q.forward(&xt, Some(&[1; 8])).unwrap());
+        assert!(alone == flat(q.forward(&xt, None).unwrap()));
         for kernel in kernels() {
             for (r, want) in batch.chunks(n).enumerate() {
-                let (mut tiled, mut alone) = (vec![0f32; n], vec![0f32; n]);
+                let (mut tiled, mut one) = (vec![0f32; n], vec![0f32; n]);
                 let xr = &x[r * k..(r + 1) * k];
-                matvec(kernel, &data, n, k, xr, &mut tiled, true).unwrap();
-                matvec(kernel, &data, n, k, xr, &mut alone, false).unwrap();
+                matvec(kernel, &data, n, k, xr, &mut tiled, &[true]).unwrap();
+                matvec(kernel, &data, n, k, xr, &mut one, &[false]).unwrap();
                 assert!(tiled == want, "{kernel:?} row {r}");
-                assert!(rel_diff(&alone, &tiled) <= 1e-5);
+                assert!(one == alone[r * n..(r + 1) * n], "{kernel:?} row {r}");
+                assert!(rel_diff(&one, &tiled) <= 1e-5);
             }
         }
     }
@@ -586,18 +599,12 @@ mod tests {
             .collect();
         let x = Tensor::from_vec(xv, (1, 1, k), &Device::Cpu).unwrap();
         let want = flat(w.forward(&x).unwrap());
-        let scalar = flat(
-            Q6kMatmul::with_kernel(&w, Kernel::Scalar)
-                .unwrap()
-                .forward(&x)
-                .unwrap(),
-        );
+        let scalar = Q6kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
+        let scalar = flat(scalar.forward(&x, None).unwrap());
         assert!(rel_diff(&scalar, &want) <= 1e-5);
         for kernel in kernels() {
-            let got = Q6kMatmul::with_kernel(&w, kernel)
-                .unwrap()
-                .forward(&x)
-                .unwrap();
+            let got = Q6kMatmul::with_kernel(&w, kernel).unwrap();
+            let got = got.forward(&x, None).unwrap();
             assert_eq!(got.dims(), &[1, 1, n]);
             assert!(flat(got) == scalar, "{kernel:?}");
         }

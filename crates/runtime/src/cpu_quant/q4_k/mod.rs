@@ -157,16 +157,30 @@ impl Q4kMatmul {
         self.kernel
     }
 
-    /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`.
-    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`, its rows grouped into sequences by
+    /// `seqs` (see [`super::SeqRows`]).
+    pub fn forward(&self, x: &Tensor, seqs: super::SeqRows) -> candle_core::Result<Tensor> {
         if x.dtype() != DType::F32 || !x.device().is_cpu() {
             return x.apply_op1_no_bwd(self.w.as_ref());
         }
-        x.contiguous()?.apply_op1_no_bwd(self)
+        let m = x.elem_count() / self.k.max(1);
+        // llama.cpp's gemm takes a sequence's rows up to its last multiple of four.
+        let in_gemm = super::seq_positions(m, seqs)
+            .into_iter()
+            .map(|(i, len)| i < len - len % MT)
+            .collect();
+        x.contiguous()?
+            .apply_op1_no_bwd(&Call { mm: self, in_gemm })
     }
 }
 
-impl CustomOp1 for Q4kMatmul {
+/// One product: the weight, and per activation row whether it rounds like llama.cpp's gemm.
+struct Call<'a> {
+    mm: &'a Q4kMatmul,
+    in_gemm: Vec<bool>,
+}
+
+impl CustomOp1 for Call<'_> {
     fn name(&self) -> &'static str {
         "q4_k-matmul"
     }
@@ -176,10 +190,11 @@ impl CustomOp1 for Q4kMatmul {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (x, shape) = super::matmul_io("q4_k matmul", storage, layout, self.k, self.n)?;
-        let m = x.len() / self.k;
-        let mut out = vec![0f32; m * self.n];
-        matmul(self.kernel, &self.tiles, self.n, self.k, x, &mut out)?;
+        let mm = self.mm;
+        let (x, shape) = super::matmul_io("q4_k matmul", storage, layout, mm.k, mm.n)?;
+        let m = x.len() / mm.k;
+        let mut out = vec![0f32; m * mm.n];
+        matmul(mm.kernel, &mm.tiles, mm.n, mm.k, x, &mut out, &self.in_gemm)?;
         Ok((CpuStorage::F32(out), shape))
     }
 }
@@ -250,7 +265,8 @@ fn as_bytes(b: &[BlockQ8K]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, std::mem::size_of_val(b)) }
 }
 
-/// `out[m, n] = x[m, k] @ w^T` for a Q4_K weight packed as `tiles`.
+/// `out[m, n] = x[m, k] @ w^T` for a Q4_K weight packed as `tiles`; `in_gemm[r]`: row r
+/// rounds like llama.cpp's gemm (every 64 values), else like its gemv (every block).
 fn matmul(
     kernel: Kernel,
     tiles: &[Tile],
@@ -258,13 +274,18 @@ fn matmul(
     k: usize,
     x: &[f32],
     out: &mut [f32],
+    in_gemm: &[bool],
 ) -> candle_core::Result<()> {
     if k == 0 || !k.is_multiple_of(QK_K) || !n.is_multiple_of(TILE_N) {
         candle_core::bail!("q4_k matmul: [{n}, {k}] is not made of 16 x 256 tiles");
     }
     let kb = k / QK_K;
     let m = x.len() / k;
-    if tiles.len() != n / TILE_N * kb || x.len() != m * k || out.len() != m * n {
+    if tiles.len() != n / TILE_N * kb
+        || x.len() != m * k
+        || out.len() != m * n
+        || in_gemm.len() != m
+    {
         candle_core::bail!("q4_k matmul: sizes do not match for [{n}, {k}]");
     }
     if !kernel.available() {
@@ -273,7 +294,7 @@ fn matmul(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    // Activations as candle quantizes them (`BlockQ8K::from_float`, row by row).
+    // Activations as llama.cpp quantizes them, row by row.
     let mut lhs = vec![BlockQ8K::zeros(); m * kb];
     let lp = SharedMut(lhs.as_mut_ptr());
     par_chunks(m, if m > 1 { m * kb * 8 } else { 0 }, |rows| {
@@ -297,7 +318,8 @@ fn matmul(
                 let r = m0 + i.min(mt - 1);
                 &lhs[r * row_bytes..(r + 1) * row_bytes]
             });
-            let res = dot_tiles(kernel, &tiles[nt * kb..(nt + 1) * kb], &acts[..mt]);
+            let gemm = &in_gemm[m0..m0 + mt];
+            let res = dot_tiles(kernel, &tiles[nt * kb..(nt + 1) * kb], &acts[..mt], gemm);
             for (i, row) in res.iter().take(mt).enumerate() {
                 // SAFETY: the unit alone writes rows m0..m0+mt of columns nt*16..nt*16+16,
                 // and `out` outlives the call.
@@ -315,17 +337,18 @@ fn matmul(
 }
 
 /// One row of tiles (16 weight rows, all of k) against up to [`MT`] activation rows.
-fn dot_tiles(kernel: Kernel, tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; MT] {
+fn dot_tiles(kernel: Kernel, tiles: &[Tile], acts: &[&[u8]], gemm: &[bool]) -> [[f32; TILE_N]; MT] {
+    let gemm: [bool; MT] = std::array::from_fn(|i| gemm.get(i).copied().unwrap_or(false));
     match kernel {
-        Kernel::Scalar => dot_scalar(tiles, acts),
+        Kernel::Scalar => dot_scalar(tiles, acts, gemm),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` checked that the CPU runs the kernel; it checks the lengths.
         Kernel::Avx512Vnni => unsafe {
             match acts.len() {
-                1 => avx512::dot::<1>(tiles, acts),
-                2 => avx512::dot::<2>(tiles, acts),
-                3 => avx512::dot::<3>(tiles, acts),
-                _ => avx512::dot::<4>(tiles, acts),
+                1 => avx512::dot::<1>(tiles, acts, gemm),
+                2 => avx512::dot::<2>(tiles, acts, gemm),
+                3 => avx512::dot::<3>(tiles, acts, gemm),
+                _ => avx512::dot::<4>(tiles, acts, gemm),
             }
         },
         #[cfg(target_arch = "x86_64")]
@@ -338,6 +361,7 @@ fn dot_tiles(kernel: Kernel, tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; 
                 avx2::dot::<4>,
                 tiles,
                 acts,
+                gemm,
             )
         },
         #[cfg(target_arch = "x86_64")]
@@ -350,6 +374,7 @@ fn dot_tiles(kernel: Kernel, tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; 
                 avx_vnni::dot::<4>,
                 tiles,
                 acts,
+                gemm,
             )
         },
         #[cfg(not(target_arch = "x86_64"))]
@@ -359,7 +384,7 @@ fn dot_tiles(kernel: Kernel, tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; 
 
 /// A 256-bit kernel for 1..=4 activation rows.
 #[cfg(target_arch = "x86_64")]
-type Dot256 = unsafe fn(&[Tile], &[&[u8]]) -> [[f32; TILE_N]; MT];
+type Dot256 = unsafe fn(&[Tile], &[&[u8]], [bool; MT]) -> [[f32; TILE_N]; MT];
 
 /// Dispatch on the activation row count.
 ///
@@ -373,12 +398,13 @@ unsafe fn tiles256(
     d4: Dot256,
     tiles: &[Tile],
     acts: &[&[u8]],
+    gemm: [bool; MT],
 ) -> [[f32; TILE_N]; MT] {
     match acts.len() {
-        1 => d1(tiles, acts),
-        2 => d2(tiles, acts),
-        3 => d3(tiles, acts),
-        _ => d4(tiles, acts),
+        1 => d1(tiles, acts, gemm),
+        2 => d2(tiles, acts, gemm),
+        3 => d3(tiles, acts, gemm),
+        _ => d4(tiles, acts, gemm),
     }
 }
 
@@ -398,12 +424,12 @@ fn bsum(q: &[u8], sub: usize) -> i32 {
 /// llama.cpp's arithmetic (its x86 repacked `ggml_gemv_q4_K_8x8_q8_K` and
 /// `ggml_gemm_q4_K_8x8_q8_K`), one output at a time: integer sums of `sc * (w . y)` and `m *
 /// bsum` over sub-blocks, added to f32 as `acc = fma(isum, d * d_y, acc)` and `acc_min =
-/// fma(imin, dmin * d_y, acc_min)`, and `acc - acc_min` at the end. A group of four
-/// activation rows (llama.cpp's gemm) adds every 64 values; fewer rows (its gemv, for the
-/// rows after the last full group of four) add every 256-value block.
-fn dot_scalar(tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; MT] {
+/// fma(imin, dmin * d_y, acc_min)`, and `acc - acc_min` at the end. Rows llama.cpp takes
+/// through its gemm (`gemm[i]`) add every 64 values, the others (its gemv) every
+/// 256-value block.
+fn dot_scalar(tiles: &[Tile], acts: &[&[u8]], gemm: [bool; MT]) -> [[f32; TILE_N]; MT] {
     let mut out = [[0f32; TILE_N]; MT];
-    for (act, out) in acts.iter().zip(&mut out) {
+    for ((act, out), gemm) in acts.iter().zip(&mut out).zip(gemm) {
         for (r, o) in out.iter_mut().enumerate() {
             let (mut acc, mut acc_min) = (0f32, 0f32);
             for (b, tile) in tiles.iter().enumerate() {
@@ -418,7 +444,7 @@ fn dot_scalar(tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; MT] {
                     }
                     iblk += isum * tile.sc[sub][r] as i32;
                     imin += tile.mn[sub][r] as i32 * bsum(q, sub);
-                    if (acts.len() == MT && sub % 2 == 1) || sub == 7 {
+                    if (gemm && sub % 2 == 1) || sub == 7 {
                         let dall = f32_at(q, 0);
                         let d = half::f16::from_bits(tile.d[r]).to_f32();
                         let dmin = half::f16::from_bits(tile.dmin[r]).to_f32();

@@ -19,9 +19,14 @@ fn kernels() -> Vec<Kernel> {
     .collect()
 }
 
+/// `x`'s rows as one sequence (a prompt, as llama.cpp multiplies it).
 fn run(w: &QMatMul, kernel: Kernel, x: &Tensor) -> Vec<f32> {
+    run_seqs(w, kernel, x, &[x.dim(0).unwrap()])
+}
+
+fn run_seqs(w: &QMatMul, kernel: Kernel, x: &Tensor, seqs: &[usize]) -> Vec<f32> {
     let q = Q4kMatmul::with_kernel(w, kernel).unwrap();
-    let y = x.contiguous().unwrap().apply_op1_no_bwd(&q).unwrap();
+    let y = q.forward(x, Some(seqs)).unwrap();
     y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
 }
 
@@ -67,25 +72,28 @@ fn simd_matches_scalar_and_is_close_to_candle() {
 }
 
 #[test]
-fn rows_round_by_their_group_of_four() {
-    // llama.cpp multiplies full groups of four batch rows with its gemm and the rest with
-    // its gemv: the fifth row of five rounds like a row alone, the first four like a batch
-    // of four.
+fn rows_round_by_their_sequence_group_of_four() {
+    // llama.cpp multiplies a sequence's rows up to its last multiple of four with its gemm
+    // and the rest with its gemv: the fifth row of five rounds like a row alone, the first
+    // four like a sequence of four; and a row's result depends only on its own sequence.
     let (n, k) = (32, 512);
     let w = q4k_weight(n, k, 5);
-    let x5 = values(5 * k, 3);
-    let rows = |m: usize, from: usize| {
-        let x =
-            Tensor::from_vec(x5[from * k..(from + m) * k].to_vec(), (m, k), &Device::Cpu).unwrap();
-        kernels()
-            .into_iter()
-            .map(|kernel| run(&w, kernel, &x))
-            .collect::<Vec<_>>()
-    };
-    let (five, four, last) = (rows(5, 0), rows(4, 0), rows(1, 4));
-    for ((five, four), last) in five.iter().zip(&four).zip(&last) {
-        assert!(five[..4 * n] == four[..]);
-        assert!(five[4 * n..] == last[..]);
+    let x = Tensor::from_vec(values(9 * k, 3), (9, k), &Device::Cpu).unwrap();
+    let part = |from: usize, m: usize| x.narrow(0, from, m).unwrap();
+    for kernel in kernels() {
+        let five = run(&w, kernel, &part(0, 5));
+        assert!(five[..4 * n] == run(&w, kernel, &part(0, 4))[..]);
+        assert!(five[4 * n..] == run(&w, kernel, &part(4, 1))[..]);
+        // Sequences of 5, 1 and 3 rows in one step: each as if alone.
+        let mixed = run_seqs(&w, kernel, &x, &[5, 1, 3]);
+        assert!(mixed[..5 * n] == five[..]);
+        assert!(mixed[5 * n..6 * n] == run(&w, kernel, &part(5, 1))[..]);
+        assert!(mixed[6 * n..] == run(&w, kernel, &part(6, 3))[..]);
+        // Rows on their own (no grouping given) all round like a single row.
+        let q = Q4kMatmul::with_kernel(&w, kernel).unwrap();
+        let alone = q.forward(&part(0, 4), None).unwrap();
+        let alone = alone.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(alone[..n] == run(&w, kernel, &part(0, 1))[..]);
     }
 }
 
@@ -119,7 +127,7 @@ fn batched_input_and_fallbacks() {
     let w = q4k_weight(32, 256, 9);
     let ours = Q4kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
     let x = Tensor::from_vec(values(2 * 3 * 256, 1), (2, 3, 256), &Device::Cpu).unwrap();
-    let got = ours.forward(&x).unwrap();
+    let got = ours.forward(&x, None).unwrap();
     assert_eq!(got.dims(), &[2, 3, 32]);
     let want = w.forward(&x).unwrap();
     assert!(
@@ -133,10 +141,10 @@ fn batched_input_and_fallbacks() {
         .unwrap()
         .t()
         .unwrap();
-    assert_eq!(ours.forward(&xt).unwrap().dims(), &[3, 32]);
+    assert_eq!(ours.forward(&xt, None).unwrap().dims(), &[3, 32]);
     // Wrong inner size is an error, not a panic.
     let bad = Tensor::zeros((2, 255), DType::F32, &Device::Cpu).unwrap();
-    assert!(ours.forward(&bad).is_err());
+    assert!(ours.forward(&bad, None).is_err());
     // Other types, and row counts that are not whole tiles, stay with candle.
     let q8 = Tensor::from_vec(values(32 * 256, 4), (32, 256), &Device::Cpu).unwrap();
     let q8 = QMatMul::from_arc(Arc::new(QTensor::quantize(&q8, GgmlDType::Q8_0).unwrap())).unwrap();
@@ -177,7 +185,7 @@ fn speed() {
             let mut line = format!("m={m:4} [{n}x{k}]: candle {c:.3} ms (cpu {cc:.3})");
             for kernel in kernels().into_iter().skip(1) {
                 let ours = Q4kMatmul::with_kernel(&w, kernel).unwrap();
-                let (o, oc) = time(&|| ours.forward(&x).unwrap());
+                let (o, oc) = time(&|| ours.forward(&x, Some(&[m])).unwrap());
                 line += &format!(", {kernel:?} {o:.3} (cpu {oc:.3})");
             }
             println!("{line}");

@@ -31,6 +31,7 @@ pub(super) mod avx512 {
     pub(in crate::cpu_quant::q4_k) unsafe fn dot<const M: usize>(
         tiles: &[Tile],
         acts: &[&[u8]],
+        gemm: [bool; MT],
     ) -> [[f32; TILE_N]; MT] {
         let kb = tiles.len();
         // Real checks: the loops read kb blocks of every row through raw pointers.
@@ -82,10 +83,9 @@ pub(super) mod avx512 {
                         imin[i] = _mm512_add_epi32(imin[i], _mm512_mullo_epi32(mn, s));
                     }
                 }
-                if M == MT || sub2 == 3 {
-                    // Groups of four rows: llama.cpp's gemm adds every 64 values; fewer
-                    // rows: its gemv adds every block.
-                    for i in 0..M {
+                // llama.cpp's gemm rows add every 64 values, its gemv rows every block.
+                for i in 0..M {
+                    if gemm[i] || sub2 == 3 {
                         let dall = _mm512_set1_ps(std::ptr::read_unaligned(q[i] as *const f32));
                         let (f, fm) = (_mm512_cvtepi32_ps(iblk[i]), _mm512_cvtepi32_ps(imin[i]));
                         acc[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(d, dall), acc[i]);
@@ -139,6 +139,7 @@ macro_rules! kernels256 {
             pub(in crate::cpu_quant::q4_k) unsafe fn dot<const M: usize>(
                 tiles: &[Tile],
                 acts: &[&[u8]],
+                gemm: [bool; MT],
             ) -> [[f32; TILE_N]; MT] {
                 let kb = tiles.len();
                 // Real checks: the loops read kb blocks of every row through raw pointers.
@@ -194,33 +195,33 @@ macro_rules! kernels256 {
                                 );
                             }
                         }
-                        // Groups of four rows: llama.cpp's gemm adds every 64 values;
-                        // fewer rows: its gemv adds every block.
-                        if (M == MT && sub % 2 == 1) || sub == 7 {
-                            for h in 0..2 {
-                                let d = _mm256_cvtph_ps(_mm_loadu_si128(
-                                    tile.d.as_ptr().add(8 * h) as *const __m128i,
-                                ));
-                                let dmin = _mm256_cvtph_ps(_mm_loadu_si128(
-                                    tile.dmin.as_ptr().add(8 * h) as *const __m128i,
-                                ));
-                                for i in 0..M {
-                                    let dall = _mm256_set1_ps(std::ptr::read_unaligned(
-                                        q[i] as *const f32,
-                                    ));
-                                    acc[i][h] = _mm256_fmadd_ps(
-                                        _mm256_cvtepi32_ps(iblk[i][h]),
-                                        _mm256_mul_ps(d, dall),
-                                        acc[i][h],
-                                    );
-                                    acc_min[i][h] = _mm256_fmadd_ps(
-                                        _mm256_cvtepi32_ps(imin[i][h]),
-                                        _mm256_mul_ps(dmin, dall),
-                                        acc_min[i][h],
-                                    );
-                                    iblk[i][h] = _mm256_setzero_si256();
-                                    imin[i][h] = _mm256_setzero_si256();
+                        // llama.cpp's gemm rows add every 64 values, its gemv rows
+                        // every block.
+                        for h in 0..2 {
+                            let d = _mm256_cvtph_ps(_mm_loadu_si128(
+                                tile.d.as_ptr().add(8 * h) as *const __m128i
+                            ));
+                            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(
+                                tile.dmin.as_ptr().add(8 * h) as *const __m128i,
+                            ));
+                            for i in 0..M {
+                                if !(gemm[i] && sub % 2 == 1) && sub != 7 {
+                                    continue;
                                 }
+                                let dall =
+                                    _mm256_set1_ps(std::ptr::read_unaligned(q[i] as *const f32));
+                                acc[i][h] = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(iblk[i][h]),
+                                    _mm256_mul_ps(d, dall),
+                                    acc[i][h],
+                                );
+                                acc_min[i][h] = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(imin[i][h]),
+                                    _mm256_mul_ps(dmin, dall),
+                                    acc_min[i][h],
+                                );
+                                iblk[i][h] = _mm256_setzero_si256();
+                                imin[i][h] = _mm256_setzero_si256();
                             }
                         }
                     }
