@@ -221,6 +221,10 @@ struct QuantizedLhs {
     /// `scales` as `[m.div_ceil(TILE), kb, TILE]` (zero past row `m`), so a tile kernel
     /// finds one block's eight values side by side.
     tiled_scales: Vec<f32>,
+    /// `[m, kb, 8]`: 16 times the sums of each block's values 4l..4l+4. The x86 kernels
+    /// multiply Q5_0 weights as unsigned `x + 16` and subtract these to get the lanes of
+    /// the products with `x`.
+    sums16: Vec<i32>,
     kb: usize,
 }
 
@@ -250,12 +254,27 @@ impl QuantizedLhs {
                 }
             }
         });
+        let sums16 = as_bytes(&blocks)
+            .chunks_exact(Q8_BYTES)
+            .flat_map(|b| {
+                b[2..]
+                    .chunks_exact(4)
+                    .map(|q| 16 * q.iter().map(|&v| v as i8 as i32).sum::<i32>())
+            })
+            .collect();
         Self {
             tiled_scales: interleave(&scales, m, kb),
             blocks,
             scales,
+            sums16,
             kb,
         }
+    }
+
+    /// Row `r`'s `sums16`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn row_sums16(&self, r: usize) -> &[i32] {
+        &self.sums16[r * self.kb * 8..(r + 1) * self.kb * 8]
     }
 
     /// Row `r`'s blocks as bytes.
@@ -387,10 +406,11 @@ pub fn matmul(
 /// An x86 `dot_acts`: weight rows, eight activation rows, their interleaved scales, and
 /// the outputs per weight row.
 #[cfg(target_arch = "x86_64")]
-type ActsKernel = unsafe fn(Format, &[&[u8]], &[&[u8]; TILE], &[f32], &mut [[f32; TILE]; TILE]);
+type ActsKernel =
+    unsafe fn(Format, &[&[u8]], &[&[u8]; TILE], &[&[i32]; TILE], &[f32], &mut [[f32; TILE]; TILE]);
 /// An x86 `dot_weights`: eight weight rows, then one row's blocks and scales.
 #[cfg(target_arch = "x86_64")]
-type WeightsKernel = unsafe fn(Format, &[&[u8]; TILE], &[u8], &[f32]) -> [f32; TILE];
+type WeightsKernel = unsafe fn(Format, &[&[u8]; TILE], &[u8], &[i32], &[f32]) -> [f32; TILE];
 
 /// Weight rows `ws` (at most eight) against the (padded) eight rows of a tile: `dots[i]`
 /// are weight row i's products.
@@ -406,9 +426,10 @@ fn dot_acts(
     #[cfg(target_arch = "x86_64")]
     let x86 = |f: ActsKernel, dots: &mut [[f32; TILE]; TILE]| {
         let acts = std::array::from_fn(|i| lhs.row(row(i)));
+        let sums = std::array::from_fn(|i| lhs.row_sums16(row(i)));
         // SAFETY: `matmul` checked that the CPU runs this kernel; the kernel checks the
         // slice lengths against the weight rows' block count.
-        unsafe { f(format, ws, &acts, lhs.tile_scales(tile.start), dots) }
+        unsafe { f(format, ws, &acts, &sums, lhs.tile_scales(tile.start), dots) }
     };
     match kernel {
         Kernel::Scalar => {
@@ -441,7 +462,7 @@ fn dot_weights(
     #[cfg(target_arch = "x86_64")]
     let x86 = |f: WeightsKernel| {
         // SAFETY: as in `dot_acts`.
-        unsafe { f(format, ws, q, s) }
+        unsafe { f(format, ws, q, lhs.row_sums16(r), s) }
     };
     match kernel {
         Kernel::Scalar => ws.map(|w| dot_scalar(format, w, q, s)),
@@ -514,26 +535,43 @@ macro_rules! x86_kernels {
                 _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
             }
 
-            /// The block's weights as signed bytes, and their magnitudes.
+            /// A block's weights as `lanes` wants them: Q5_0: (unused, `x + 16` as u8);
+            /// Q8_0: (x, |x|).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn signed(format: Format, wb: *const u8) -> (__m256i, __m256i) {
-                let x = match format {
-                    Format::Q5_0 => _mm256_sub_epi8(decode(wb), _mm256_set1_epi8(16)),
-                    Format::Q8_0 => _mm256_loadu_si256(wb.add(2) as *const __m256i),
-                };
-                (x, _mm256_sign_epi8(x, x))
+            unsafe fn weights(format: Format, wb: *const u8) -> (__m256i, __m256i) {
+                match format {
+                    Format::Q5_0 => (_mm256_setzero_si256(), decode(wb)),
+                    Format::Q8_0 => {
+                        let x = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+                        (x, _mm256_sign_epi8(x, x))
+                    }
+                }
             }
 
-            /// Eight i32 lanes of the block's dot product with the 32 i8 at `y` (lane l:
-            /// values 4l..4l+4), as llama.cpp's `mul_sum_i8_pairs_float`: |x| times y with
-            /// x's signs.
+            /// The eight i32 lanes (lane l: values 4l..4l+4) of a block's dot product with
+            /// the 32 i8 at `y`, as f32, the integer sums exact like llama.cpp's
+            /// `mul_sum_i8_pairs_float`. Q5_0: the unsigned weights `x + 16` (`w.1`) times
+            /// y, minus 16 times y's sums (`sums16`); Q8_0: |x| (`w.1`) times y with x's
+            /// signs.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn lanes(x: __m256i, ax: __m256i, y: *const u8) -> __m256 {
+            unsafe fn lanes(
+                format: Format,
+                w: (__m256i, __m256i),
+                y: *const u8,
+                sums16: *const i32,
+            ) -> __m256 {
                 let y = _mm256_loadu_si256(y as *const __m256i);
                 #[allow(clippy::redundant_closure_call)]
-                _mm256_cvtepi32_ps(($dot)(ax, _mm256_sign_epi8(y, x)))
+                let lanes = match format {
+                    Format::Q5_0 => _mm256_sub_epi32(
+                        ($dot)(w.1, y),
+                        _mm256_loadu_si256(sums16 as *const __m256i),
+                    ),
+                    Format::Q8_0 => ($dot)(w.1, _mm256_sign_epi8(y, w.0)),
+                };
+                _mm256_cvtepi32_ps(lanes)
             }
 
             /// llama.cpp's `hsum_float_8`.
@@ -556,28 +594,31 @@ macro_rules! x86_kernels {
                 format: Format,
                 ws: &[&[u8]],
                 acts: &[&[u8]; TILE],
+                sums16: &[&[i32]; TILE],
                 scales: &[f32],
                 dots: &mut [[f32; TILE]; TILE],
             ) {
                 let kb = scales.len() / TILE;
                 // Real checks: the loops read kb blocks of every row through raw pointers.
                 assert!(scales.len() == kb * TILE && ws.len() <= TILE);
-                for q in acts {
-                    assert!(q.len() == kb * Q8_BYTES);
+                for (q, s) in acts.iter().zip(sums16) {
+                    assert!(q.len() == kb * Q8_BYTES && s.len() == kb * 8);
                 }
                 let qp = acts.map(|q| q.as_ptr().add(2));
+                let sp = sums16.map(|s| s.as_ptr());
                 let wbytes = format.block_bytes();
                 for (w, dots) in ws.iter().zip(dots.iter_mut()) {
                     assert!(w.len() == kb * wbytes);
                     let mut acc = [_mm256_setzero_ps(); TILE];
                     for b in 0..kb {
                         let wb = w.as_ptr().add(b * wbytes);
-                        let (x, ax) = signed(format, wb);
+                        let wv = weights(format, wb);
                         let dw = f16_to_f32(wb);
                         let off = b * Q8_BYTES;
                         for (i, acc) in acc.iter_mut().enumerate() {
                             let d = _mm256_set1_ps(dw * *scales.get_unchecked(b * TILE + i));
-                            *acc = _mm256_fmadd_ps(d, lanes(x, ax, qp[i].add(off)), *acc);
+                            let l = lanes(format, wv, qp[i].add(off), sp[i].add(b * 8));
+                            *acc = _mm256_fmadd_ps(d, l, *acc);
                         }
                     }
                     for (d, acc) in dots.iter_mut().zip(acc) {
@@ -595,11 +636,12 @@ macro_rules! x86_kernels {
                 format: Format,
                 ws: &[&[u8]; TILE],
                 q: &[u8],
+                sums16: &[i32],
                 scales: &[f32],
             ) -> [f32; TILE] {
                 let kb = scales.len();
                 // Real checks: the loop reads kb blocks of every row through raw pointers.
-                assert!(q.len() == kb * Q8_BYTES);
+                assert!(q.len() == kb * Q8_BYTES && sums16.len() == kb * 8);
                 let wbytes = format.block_bytes();
                 for w in ws {
                     assert!(w.len() == kb * wbytes);
@@ -619,9 +661,9 @@ macro_rules! x86_kernels {
                     let dx = *scales.get_unchecked(b);
                     for (i, acc) in acc.iter_mut().enumerate() {
                         let wb = wp[i].add(b * wbytes);
-                        let (x, ax) = signed(format, wb);
                         let d = _mm256_set1_ps(f16_to_f32(wb) * dx);
-                        *acc = _mm256_fmadd_ps(d, lanes(x, ax, y), *acc);
+                        let l = lanes(format, weights(format, wb), y, sums16.as_ptr().add(b * 8));
+                        *acc = _mm256_fmadd_ps(d, l, *acc);
                     }
                 }
                 acc.map(|a| hsum(a))
