@@ -216,31 +216,53 @@ fn matvec(
                 let r = (rows.start + i).min(rows.end - 1);
                 &w[r * row_bytes..(r + 1) * row_bytes]
             });
-            for (a, q) in lhs.chunks_exact(kb * Q8K_BYTES).enumerate() {
-                let tiled = tiled[a];
-                let dots = match (kernel, tiled) {
-                    (Kernel::Scalar, _) => ws.map(|w| dot_scalar(w, q, tiled)),
+            let q = |a: usize| &lhs[a * kb * Q8K_BYTES..(a + 1) * kb * Q8K_BYTES];
+            let mut a = 0;
+            while a < m {
+                // Up to four consecutive activation rows of the same rounding at once.
+                let t = tiled[a];
+                let run = (a..m.min(a + 4)).take_while(|&i| tiled[i] == t).count();
+                let dots: Vec<[f32; ROWS]> = match kernel {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `matvec` checked that the CPU runs the kernel; it checks lengths.
-                    (Kernel::Avx512Vnni, false) => unsafe { avx512::dot::<false>(&ws, q) },
+                    Kernel::Avx512Vnni => unsafe {
+                        match (t, run) {
+                            (false, 4) => {
+                                avx512::dot::<false, 4>(&ws, [q(a), q(a + 1), q(a + 2), q(a + 3)])
+                                    .to_vec()
+                            }
+                            (true, 4) => {
+                                avx512::dot::<true, 4>(&ws, [q(a), q(a + 1), q(a + 2), q(a + 3)])
+                                    .to_vec()
+                            }
+                            (false, 2 | 3) => {
+                                avx512::dot::<false, 2>(&ws, [q(a), q(a + 1)]).to_vec()
+                            }
+                            (true, 2 | 3) => avx512::dot::<true, 2>(&ws, [q(a), q(a + 1)]).to_vec(),
+                            (false, _) => avx512::dot::<false, 1>(&ws, [q(a)]).to_vec(),
+                            (true, _) => avx512::dot::<true, 1>(&ws, [q(a)]).to_vec(),
+                        }
+                    },
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: as above.
-                    (Kernel::Avx512Vnni, true) => unsafe { avx512::dot::<true>(&ws, q) },
+                    Kernel::Avx2 if t => vec![unsafe { avx2::dot::<true>(&ws, q(a)) }],
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: as above.
-                    (Kernel::Avx2, false) => unsafe { avx2::dot::<false>(&ws, q) },
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    (Kernel::Avx2, true) => unsafe { avx2::dot::<true>(&ws, q) },
+                    Kernel::Avx2 => vec![unsafe { avx2::dot::<false>(&ws, q(a)) }],
+                    Kernel::Scalar => vec![ws.map(|w| dot_scalar(w, q(a), t))],
                     #[cfg(not(target_arch = "x86_64"))]
-                    (Kernel::Avx2 | Kernel::Avx512Vnni, _) => {
+                    Kernel::Avx2 | Kernel::Avx512Vnni => {
                         unreachable!("only the scalar kernel runs off x86_64")
                     }
                 };
-                for (r, d) in rows.clone().zip(dots) {
-                    // SAFETY: weight rows belong to one group each; `out` outlives the call.
-                    unsafe { *out_ptr.get().add(a * n + r) = d };
+                for (i, dots) in dots.iter().enumerate() {
+                    for (r, d) in rows.clone().zip(dots) {
+                        // SAFETY: weight rows belong to one group each; `out` outlives the
+                        // call.
+                        unsafe { *out_ptr.get().add((a + i) * n + r) = *d };
+                    }
                 }
+                a += dots.len();
             }
         }
     });
@@ -313,16 +335,23 @@ mod avx512 {
     use super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BSUMS, Q8K_BYTES, ROWS};
     use std::arch::x86_64::*;
 
-    /// Eight weight rows against the Q8_K blocks `q`.
+    /// Eight weight rows against the Q8_K blocks of `A` activation rows `qs` (each weight
+    /// block unpacked once for all of them; every (weight row, activation row) pair sums in
+    /// the same order as alone).
     ///
     /// # Safety
     /// The CPU must support AVX512F, AVX512BW, AVX512-VNNI and FMA.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-    pub(super) unsafe fn dot<const TILED: bool>(ws: &[&[u8]; ROWS], q: &[u8]) -> [f32; ROWS] {
-        let kb = q.len() / Q8K_BYTES;
-        let mut tacc = [0f32; ROWS];
+    pub(super) unsafe fn dot<const TILED: bool, const A: usize>(
+        ws: &[&[u8]; ROWS],
+        qs: [&[u8]; A],
+    ) -> [[f32; ROWS]; A] {
+        let kb = qs[0].len() / Q8K_BYTES;
+        let mut tacc = [[0f32; ROWS]; A];
         // Real checks: the loops read kb blocks of every row through raw pointers.
-        assert!(q.len() == kb * Q8K_BYTES);
+        for q in qs {
+            assert!(q.len() == kb * Q8K_BYTES);
+        }
         for w in ws {
             assert!(w.len() == kb * Q6K_BYTES);
         }
@@ -336,22 +365,19 @@ mod avx512 {
         // drops what crosses bytes.)
         let shl = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
         let shr = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
-        let mut acc = [_mm256_setzero_ps(); ROWS];
+        let mut acc = [[_mm256_setzero_ps(); ROWS]; A];
         for b in 0..kb {
             let pre = ahead.wrapping_add(b * ROWS * Q6K_BYTES);
             for line in 0..(ROWS * Q6K_BYTES).div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T0>(pre.wrapping_add(64 * line) as *const i8);
             }
-            let y = q.as_ptr().add(b * Q8K_BYTES);
-            let dy = std::ptr::read_unaligned(y as *const f32);
-            // 64 activations per chunk pair p (values 64p..64p+64), and their 16-value sums.
-            let yv: [__m512i; 4] =
-                std::array::from_fn(|p| _mm512_loadu_si512(y.add(4 + 64 * p) as *const _));
-            let bsums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
-            for (r, acc) in acc.iter_mut().enumerate() {
+            let ys: [*const u8; A] = std::array::from_fn(|a| qs[a].as_ptr().add(b * Q8K_BYTES));
+            for r in 0..ROWS {
                 let blk = wp[r].add(b * Q6K_BYTES);
                 let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
-                let mut sumi = _mm512_setzero_si512();
+                // Chunk pair p (values 64p..64p+64): the stored values (weights plus 32) and
+                // their scales, lanes 4i..4i+4 taking scale 4p + i.
+                let mut qv = [_mm512_setzero_si512(); 4];
                 for j in 0..2 {
                     let ql = _mm512_loadu_si512(blk.add(64 * j) as *const _);
                     let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
@@ -359,48 +385,60 @@ mod avx512 {
                     ));
                     let h_lo = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
                     let h_hi = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
-                    let q_lo = _mm512_or_si512(_mm512_and_si512(ql, m4), h_lo);
-                    let q_hi =
+                    qv[2 * j] = _mm512_or_si512(_mm512_and_si512(ql, m4), h_lo);
+                    qv[2 * j + 1] =
                         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h_hi);
-                    for (p, qv) in [(2 * j, q_lo), (2 * j + 1, q_hi)] {
-                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv, yv[p]);
-                        // Lanes 4i..4i+4 take scale 4p + i.
-                        let sc = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(
-                            scales,
-                            _mm_add_epi8(
-                                _mm_set1_epi8(4 * p as i8),
-                                _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                            ),
-                        ));
-                        let v = _mm512_mullo_epi32(dot, sc);
-                        sumi = _mm512_add_epi32(sumi, v);
-                    }
                 }
-                // Lane l of the two 256-bit halves: positions 4l.. of even / odd chunks; the
-                // weights are stored plus 32, so lane l takes off 32 times the scaled sums of
-                // activations 32l..32l+32 (llama.cpp's `q8sclsub`).
-                let s8 = _mm256_sub_epi32(
-                    _mm256_add_epi32(
-                        _mm512_castsi512_si256(sumi),
-                        _mm512_extracti64x4_epi64::<1>(sumi),
-                    ),
-                    _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(scales))),
-                );
+                let sc: [__m512i; 4] = std::array::from_fn(|p| {
+                    _mm512_cvtepi8_epi32(_mm_shuffle_epi8(
+                        scales,
+                        _mm_add_epi8(
+                            _mm_set1_epi8(4 * p as i8),
+                            _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                        ),
+                    ))
+                });
+                let sc16 = _mm256_cvtepi8_epi16(scales);
                 let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(
                     blk.add(Q6K_D) as *const i16,
                 ))));
-                if TILED {
-                    let s = super::hsum_i32(std::mem::transmute::<__m256i, [i32; 8]>(s8));
-                    tacc[r] = (dw * s as f32).mul_add(dy, tacc[r]);
-                    continue;
+                for a in 0..A {
+                    let y = ys[a];
+                    let mut sumi = _mm512_setzero_si512();
+                    for p in 0..4 {
+                        let yv = _mm512_loadu_si512(y.add(4 + 64 * p) as *const _);
+                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv[p], yv);
+                        sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dot, sc[p]));
+                    }
+                    // Lane l of the two 256-bit halves: positions 4l.. of even / odd chunks;
+                    // the weights are stored plus 32, so lane l takes off 32 times the scaled
+                    // sums of activations 32l..32l+32 (llama.cpp's `q8sclsub`).
+                    let bsums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
+                    let s8 = _mm256_sub_epi32(
+                        _mm256_add_epi32(
+                            _mm512_castsi512_si256(sumi),
+                            _mm512_extracti64x4_epi64::<1>(sumi),
+                        ),
+                        _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16)),
+                    );
+                    let dy = std::ptr::read_unaligned(y as *const f32);
+                    if TILED {
+                        let s = super::hsum_i32(std::mem::transmute::<__m256i, [i32; 8]>(s8));
+                        tacc[a][r] = (dw * s as f32).mul_add(dy, tacc[a][r]);
+                    } else {
+                        acc[a][r] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(dy * dw),
+                            _mm256_cvtepi32_ps(s8),
+                            acc[a][r],
+                        );
+                    }
                 }
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * dw), _mm256_cvtepi32_ps(s8), *acc);
             }
         }
         if TILED {
             return tacc;
         }
-        acc.map(|a| super::hsum8(std::mem::transmute::<__m256, [f32; 8]>(a)))
+        acc.map(|row| row.map(|a| super::hsum8(std::mem::transmute::<__m256, [f32; 8]>(a))))
     }
 }
 
