@@ -38,7 +38,8 @@ pub(crate) fn matmul_t(x: &Tensor, w: &QMatMul) -> candle_core::Result<Tensor> {
 /// A matmul with an optional bias.
 pub struct Linear {
     w: QMatMul,
-    /// Q5_0 / Q4_K / Q6_K weights on the CPU run on our SIMD kernels instead (see `cpu_quant/`).
+    /// Q5_0 / Q8_0 / Q4_K / Q6_K weights on the CPU run on our SIMD kernels instead, with
+    /// llama.cpp's arithmetic (see `cpu_quant/`).
     cpu: Option<CpuMatmul>,
     b: Option<Tensor>,
 }

@@ -62,7 +62,7 @@ const _: () = assert!(TILE_BYTES == 2368);
 /// Which kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
-    /// Portable loop with candle's arithmetic (`mul_add` for its fused steps).
+    /// Portable loop with llama.cpp's arithmetic (`mul_add` for its fused steps).
     Scalar,
     /// 256-bit kernel (AVX2 + FMA + F16C): `vpmaddubsw` + `vpmaddwd`.
     Avx2,

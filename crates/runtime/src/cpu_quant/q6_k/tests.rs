@@ -1,0 +1,113 @@
+use super::*;
+use candle_core::{Device, Module};
+
+use crate::cpu_quant::test_util::{quantized, values};
+
+fn q6k_weight(n: usize, k: usize, seed: u64) -> QMatMul {
+    quantized(n, k, seed, GgmlDType::Q6K)
+}
+
+fn kernels() -> Vec<Kernel> {
+    [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni]
+        .into_iter()
+        .filter(|k| k.available())
+        .collect()
+}
+
+fn flat(t: Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// max |a - b| over max |b|.
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |s, v| s.max(v.abs()));
+    a.iter().zip(b).fold(0f32, |s, (x, y)| s.max((x - y).abs())) / scale
+}
+
+#[test]
+fn simd_matches_scalar_and_is_close_to_candle() {
+    for (n, k) in [
+        (1536, 1536),
+        (256, 1536),
+        (1536, 8960),
+        (8960, 1536),
+        (12, 512),
+        (6, 256),
+    ] {
+        let w = q6k_weight(n, k, (n * 17 + k) as u64);
+        // One row, a few (the vec_dot arithmetic), eight and more (the tiled one).
+        for m in [1, 3, 8, 9] {
+            let x = Tensor::from_vec(values(m * k, n as u64), (m, k), &Device::Cpu).unwrap();
+            let seqs = Some(&[m][..]);
+            let scalar = Q6kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
+            let scalar = flat(scalar.forward(&x, seqs).unwrap());
+            for kernel in kernels().into_iter().skip(1) {
+                let q = Q6kMatmul::with_kernel(&w, kernel).unwrap();
+                let got = flat(q.forward(&x, seqs).unwrap());
+                assert!(got == scalar, "{kernel:?} [{m}x{k}] x [{n}x{k}]^T differs");
+            }
+            let d = rel_diff(&scalar, &flat(w.forward(&x).unwrap()));
+            assert!(
+                d <= 1e-3,
+                "[{m}x{k}] x [{n}x{k}]^T: rel diff {d} from candle"
+            );
+        }
+    }
+}
+
+#[test]
+fn batches_of_eight_rows_round_like_llamacpp_tiles() {
+    let (n, k) = (16, 512);
+    let w = q6k_weight(n, k, 3);
+    let data = match &w {
+        QMatMul::QTensor(t) => t.data().unwrap(),
+        _ => unreachable!("quantized"),
+    };
+    let x = values(8 * k, 5);
+    let q = Q6kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
+    let xt = Tensor::from_vec(x.clone(), (8, k), &Device::Cpu).unwrap();
+    let batch = flat(q.forward(&xt, Some(&[8])).unwrap());
+    // The same rows as eight sequences of one row: each rounds like a row alone.
+    let alone = flat(q.forward(&xt, Some(&[1; 8])).unwrap());
+    assert!(alone == flat(q.forward(&xt, None).unwrap()));
+    for kernel in kernels() {
+        for (r, want) in batch.chunks(n).enumerate() {
+            let (mut tiled, mut one) = (vec![0f32; n], vec![0f32; n]);
+            let xr = &x[r * k..(r + 1) * k];
+            matvec(kernel, &data, n, k, xr, &mut tiled, &[true]).unwrap();
+            matvec(kernel, &data, n, k, xr, &mut one, &[false]).unwrap();
+            assert!(tiled == want, "{kernel:?} row {r}");
+            assert!(one == alone[r * n..(r + 1) * n], "{kernel:?} row {r}");
+            assert!(rel_diff(&one, &tiled) <= 1e-5);
+        }
+    }
+}
+
+#[test]
+fn extreme_values() {
+    let (n, k) = (20, 512);
+    let wv: Vec<f32> = (0..n * k)
+        .map(|i| match i % 4 {
+            0 => -1.0,
+            1 => 1.0,
+            2 => 0.0,
+            _ => (i % 9) as f32 * -0.1,
+        })
+        .collect();
+    let w = Tensor::from_vec(wv, (n, k), &Device::Cpu).unwrap();
+    let w = QMatMul::from_arc(Arc::new(QTensor::quantize(&w, GgmlDType::Q6K).unwrap())).unwrap();
+    let xv: Vec<f32> = (0..k)
+        .map(|i| if i % 3 == 0 { 50.0 } else { -1.0 })
+        .collect();
+    let x = Tensor::from_vec(xv, (1, 1, k), &Device::Cpu).unwrap();
+    let want = flat(w.forward(&x).unwrap());
+    let scalar = Q6kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
+    let scalar = flat(scalar.forward(&x, None).unwrap());
+    assert!(rel_diff(&scalar, &want) <= 1e-5);
+    for kernel in kernels() {
+        let got = Q6kMatmul::with_kernel(&w, kernel).unwrap();
+        let got = got.forward(&x, None).unwrap();
+        assert_eq!(got.dims(), &[1, 1, n]);
+        assert!(flat(got) == scalar, "{kernel:?}");
+    }
+}
