@@ -8,6 +8,8 @@ pub mod attention_device;
 pub mod config;
 pub mod cpu_quant;
 #[cfg(feature = "cuda")]
+pub mod cuda_attention;
+#[cfg(feature = "cuda")]
 pub mod cuda_check;
 #[cfg(feature = "cuda")]
 pub mod cuda_gemv;
