@@ -1,4 +1,5 @@
-//! Test inputs shared by the kernels' tests: deterministic values and quantized weights.
+//! Test inputs shared by the kernels' tests: deterministic values and quantized weights, and
+//! the relative difference they compare outputs by.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Tensor};
@@ -22,4 +23,11 @@ pub fn quantized(n: usize, k: usize, seed: u64, dtype: GgmlDType) -> QMatMul {
     let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
     let q = QTensor::quantize(&w, dtype).unwrap();
     QMatMul::from_arc(Arc::new(q)).unwrap()
+}
+
+/// max |a - b| over max |b|.
+pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |s, v| s.max(v.abs()));
+    a.iter().zip(b).fold(0f32, |s, (x, y)| s.max((x - y).abs())) / scale
 }

@@ -1,18 +1,10 @@
 use super::*;
 use candle_core::{Device, Module};
 
-use crate::cpu_quant::test_util::{quantized, values};
+use crate::cpu_quant::test_util::{quantized, rel_diff, values};
 
 fn q5_weight(n: usize, k: usize, seed: u64) -> QMatMul {
     quantized(n, k, seed, GgmlDType::Q5_0)
-}
-
-/// max |a - b| over max |b|.
-fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |s, v| s.max(v.abs()));
-    let diff = a.iter().zip(b).fold(0f32, |s, (x, y)| s.max((x - y).abs()));
-    diff / scale
 }
 
 fn kernels() -> Vec<Kernel> {

@@ -1,7 +1,7 @@
 use super::*;
 use candle_core::{Device, Module};
 
-use crate::cpu_quant::test_util::{quantized, values};
+use crate::cpu_quant::test_util::{quantized, rel_diff, values};
 
 fn q4k_weight(n: usize, k: usize, seed: u64) -> QMatMul {
     quantized(n, k, seed, GgmlDType::Q4K)
@@ -33,13 +33,6 @@ fn run_seqs(w: &QMatMul, kernel: Kernel, x: &Tensor, seqs: &[usize]) -> Vec<f32>
 fn candle(w: &QMatMul, x: &Tensor) -> Vec<f32> {
     let y = w.forward(x).unwrap();
     y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
-}
-
-/// max |a - b| over max |b|.
-fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |s, v| s.max(v.abs()));
-    a.iter().zip(b).fold(0f32, |s, (x, y)| s.max((x - y).abs())) / scale
 }
 
 #[test]

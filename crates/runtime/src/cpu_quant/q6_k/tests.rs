@@ -1,7 +1,7 @@
 use super::*;
 use candle_core::{Device, Module};
 
-use crate::cpu_quant::test_util::{quantized, values};
+use crate::cpu_quant::test_util::{quantized, rel_diff, values};
 
 fn q6k_weight(n: usize, k: usize, seed: u64) -> QMatMul {
     quantized(n, k, seed, GgmlDType::Q6K)
@@ -16,12 +16,6 @@ fn kernels() -> Vec<Kernel> {
 
 fn flat(t: Tensor) -> Vec<f32> {
     t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
-}
-
-/// max |a - b| over max |b|.
-fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(0f32, |s, v| s.max(v.abs()));
-    a.iter().zip(b).fold(0f32, |s, (x, y)| s.max((x - y).abs())) / scale
 }
 
 #[test]
