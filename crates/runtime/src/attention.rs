@@ -116,6 +116,9 @@ pub struct HeadDims {
 /// as `(l0 + l4) + (l1 + l5)` plus `(l2 + l6) + (l3 + l7)`; a tail of `n % 32` values is
 /// added one by one in f64 as ggml does.
 fn dot_f16(a: &[f32], b: &[f32]) -> f32 {
+    if let Some(d) = f16_lanes::dot(a, b) {
+        return d;
+    }
     let n = a.len();
     let np = n - n % 32;
     let mut acc = [[0f32; 8]; 4];
@@ -175,6 +178,31 @@ mod f16_lanes {
         n
     }
 
+    /// `dot_f16` for lengths that are a multiple of 32 (the same lanes, steps and final
+    /// sums), else `None`.
+    #[inline]
+    pub fn dot(a: &[f32], b: &[f32]) -> Option<f32> {
+        if a.len() != b.len() || !a.len().is_multiple_of(32) {
+            return None;
+        }
+        // SAFETY: the target features are enabled for the whole build; loads stay within
+        // both slices (a multiple of 32 long).
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for i in (0..a.len()).step_by(32) {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let x = _mm256_loadu_ps(a.as_ptr().add(i + 8 * j));
+                    let y = _mm256_loadu_ps(b.as_ptr().add(i + 8 * j));
+                    *acc = _mm256_fmadd_ps(x, y, *acc);
+                }
+            }
+            let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+            let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+            let t = _mm_hadd_ps(t, t);
+            Some(_mm_cvtss_f32(_mm_hadd_ps(t, t)))
+        }
+    }
+
     /// `o[i] = f16(o[i] * s)` for the first multiple of eight; returns how many.
     #[inline]
     pub fn scale(o: &mut [f32], s: f32) -> usize {
@@ -198,6 +226,9 @@ mod f16_lanes {
     target_feature = "f16c"
 )))]
 mod f16_lanes {
+    pub fn dot(_: &[f32], _: &[f32]) -> Option<f32> {
+        None
+    }
     pub fn mad(_: &mut [f32], _: &[f32], _: f32) -> usize {
         0
     }
@@ -374,6 +405,24 @@ mod tests {
         let mut one = vec![0f32; 64];
         one[9] = 3.0;
         assert_eq!(dot_f16(&one, &vec![2.0; 64]), 6.0);
+    }
+
+    #[test]
+    fn dot_f16_lanes_match_the_portable_order() {
+        let a: Vec<f32> = (0..128).map(|i| f16r((i as f32 * 0.731).sin())).collect();
+        let b: Vec<f32> = (0..128).map(|i| f16r((i as f32 * 0.377).cos())).collect();
+        let mut acc = [[0f32; 8]; 4];
+        for i in (0..128).step_by(32) {
+            for (j, accj) in acc.iter_mut().enumerate() {
+                for (l, s) in accj.iter_mut().enumerate() {
+                    *s = a[i + 8 * j + l].mul_add(b[i + 8 * j + l], *s);
+                }
+            }
+        }
+        let x: [f32; 8] =
+            std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+        let t: [f32; 4] = std::array::from_fn(|l| x[l] + x[l + 4]);
+        assert_eq!(dot_f16(&a, &b), (t[0] + t[1]) + (t[2] + t[3]));
     }
 
     #[test]
