@@ -99,6 +99,10 @@ pub enum Kernel {
 impl Kernel {
     /// The fastest kernel this CPU runs.
     pub fn detect() -> Self {
+        if pairs_kernel_available() {
+            // Its batches run on the 512-bit two-rows-at-once kernel.
+            return Kernel::Avx512Vnni;
+        }
         [Kernel::AvxVnni, Kernel::Avx512Vnni, Kernel::Avx2]
             .into_iter()
             .find(|k| k.available())
@@ -213,6 +217,25 @@ impl CustomOp1 for Q0Matmul {
     }
 }
 
+/// Whether this CPU runs the 512-bit two-rows-at-once kernel (`x86::dot_acts_pairs`), which
+/// the `Avx512Vnni` kernel uses for batches.
+fn pairs_kernel_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+                && Kernel::Avx2.available()
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Activations quantized to Q8_0, plus what the kernels want per block.
 struct QuantizedLhs {
     blocks: Vec<BlockQ8_0>,
@@ -225,7 +248,18 @@ struct QuantizedLhs {
     /// multiply Q5_0 weights as unsigned `x + 16` and subtract these to get the lanes of
     /// the products with `x`.
     sums16: Vec<i32>,
+    /// The tiles' row pairs for the 512-bit kernel (several rows on a CPU that runs it).
+    pairs: Option<RowPairs>,
     kb: usize,
+}
+
+/// Activation tiles as the 512-bit kernel reads them: for tile t, block b and row pair p
+/// (rows 2p, 2p+1 of the tile, padded with its first row) at index `(t * kb + b) * 4 + p`,
+/// the two rows' 32 values plus 128 as u8 (64 bytes), and their two scales, each eight
+/// times (16 f32).
+struct RowPairs {
+    ybias: Vec<u8>,
+    dpair: Vec<f32>,
 }
 
 impl QuantizedLhs {
@@ -262,13 +296,57 @@ impl QuantizedLhs {
                     .map(|q| 16 * q.iter().map(|&v| v as i8 as i32).sum::<i32>())
             })
             .collect();
+        let pairs = (m > 1 && pairs_kernel_available()).then(|| {
+            let tiles = m.div_ceil(TILE);
+            let (mut ybias, mut dpair) =
+                (vec![0u8; tiles * kb * 4 * 64], vec![0f32; tiles * kb * 64]);
+            let bytes = as_bytes(&blocks);
+            for t in 0..tiles {
+                let row = |i: usize| {
+                    if t * TILE + i < m {
+                        t * TILE + i
+                    } else {
+                        t * TILE
+                    }
+                };
+                for b in 0..kb {
+                    for p in 0..4 {
+                        let at = (t * kb + b) * 4 + p;
+                        for h in 0..2 {
+                            let r = row(2 * p + h);
+                            let blk = &bytes[(r * kb + b) * Q8_BYTES..(r * kb + b + 1) * Q8_BYTES];
+                            for (o, &v) in ybias[at * 64 + 32 * h..at * 64 + 32 * h + 32]
+                                .iter_mut()
+                                .zip(&blk[2..])
+                            {
+                                *o = v ^ 0x80;
+                            }
+                            dpair[at * 16 + 8 * h..at * 16 + 8 * h + 8].fill(scales[r * kb + b]);
+                        }
+                    }
+                }
+            }
+            RowPairs { ybias, dpair }
+        });
         Self {
             tiled_scales: interleave(&scales, m, kb),
             blocks,
             scales,
             sums16,
+            pairs,
             kb,
         }
+    }
+
+    /// Tile `start / TILE`'s row pairs (`ybias`, `dpair`), when made.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn tile_pairs(&self, start: usize) -> Option<(&[u8], &[f32])> {
+        let p = self.pairs.as_ref()?;
+        let (t, kb) = (start / TILE, self.kb);
+        Some((
+            &p.ybias[t * kb * 256..(t + 1) * kb * 256],
+            &p.dpair[t * kb * 64..(t + 1) * kb * 64],
+        ))
     }
 
     /// Row `r`'s `sums16`.
@@ -431,6 +509,12 @@ fn dot_acts(
         // slice lengths against the weight rows' block count.
         unsafe { f(format, ws, &acts, &sums, lhs.tile_scales(tile.start), dots) }
     };
+    #[cfg(target_arch = "x86_64")]
+    if let (Some((ybias, dpair)), Kernel::Avx512Vnni) = (lhs.tile_pairs(tile.start), kernel) {
+        // SAFETY: the pairs are made only when the CPU runs this kernel; it checks lengths.
+        unsafe { x86::dot_acts_pairs(format, ws, ybias, dpair, dots) };
+        return;
+    }
     match kernel {
         Kernel::Scalar => {
             for (w, dots) in ws.iter().zip(dots.iter_mut()) {
