@@ -151,9 +151,7 @@ macro_rules! x86_kernels {
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn hsum(v: __m256) -> f32 {
-                let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
-                let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-                _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+                super::hsum8(v)
             }
 
             /// Weight rows `ws` (at most eight) against eight activation rows `acts`, whose
