@@ -15,18 +15,29 @@ const QK_K: usize = 256;
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 2 + QK8_0);
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 4 + QK_K + QK_K / 16 * 2);
 
-/// `x` (a multiple of 32 values) into Q8_0 blocks as llama.cpp's AVX2 `quantize_row_q8_0`:
-/// `d = amax / 127` (stored as f16), `q = round_ties_even(x * (127 / amax))`.
-pub fn quantize_q8_0(x: &[f32], blocks: &mut [BlockQ8_0]) {
-    assert_eq!(x.len(), blocks.len() * QK8_0, "q8_0: length mismatch");
-    // SAFETY: `BlockQ8_0` is `repr(C)` { f16 d, [i8; 32] qs } without padding (asserted
-    // above); every byte pattern is a valid block.
-    let bytes = unsafe {
+/// The activation blocks written here, as the bytes they are made of.
+trait PlainBlock {}
+// `BlockQ8_0` is `repr(C)` { f16 d, [i8; 32] qs } and `BlockQ8K` `repr(C)` { f32 d, [i8; 256]
+// qs, [i16; 16] bsums }, both without padding (asserted above): every byte pattern is a
+// valid block.
+impl PlainBlock for BlockQ8_0 {}
+impl PlainBlock for BlockQ8K {}
+
+fn bytes_mut<T: PlainBlock>(blocks: &mut [T]) -> &mut [u8] {
+    // SAFETY: see `PlainBlock`: no padding, any bytes valid; the slice covers the blocks.
+    unsafe {
         std::slice::from_raw_parts_mut(
             blocks.as_mut_ptr() as *mut u8,
             std::mem::size_of_val(blocks),
         )
-    };
+    }
+}
+
+/// `x` (a multiple of 32 values) into Q8_0 blocks as llama.cpp's AVX2 `quantize_row_q8_0`:
+/// `d = amax / 127` (stored as f16), `q = round_ties_even(x * (127 / amax))`.
+pub fn quantize_q8_0(x: &[f32], blocks: &mut [BlockQ8_0]) {
+    assert_eq!(x.len(), blocks.len() * QK8_0, "q8_0: length mismatch");
+    let bytes = bytes_mut(blocks);
     for (xs, b) in x.chunks_exact(QK8_0).zip(bytes.chunks_exact_mut(2 + QK8_0)) {
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
         b[..2].copy_from_slice(&half::f16::from_f32(amax / 127.0).to_le_bytes());
@@ -42,14 +53,7 @@ pub fn quantize_q8_0(x: &[f32], blocks: &mut [BlockQ8_0]) {
 /// (-127 / max)))`, `d = 1 / (-127 / max)`, and the sums of each 16 quants.
 pub fn quantize_q8k(x: &[f32], blocks: &mut [BlockQ8K]) {
     assert_eq!(x.len(), blocks.len() * QK_K, "q8_k: length mismatch");
-    // SAFETY: `BlockQ8K` is `repr(C)` { f32 d, [i8; 256] qs, [i16; 16] bsums } without
-    // padding (asserted above); every byte pattern is a valid block.
-    let bytes = unsafe {
-        std::slice::from_raw_parts_mut(
-            blocks.as_mut_ptr() as *mut u8,
-            std::mem::size_of_val(blocks),
-        )
-    };
+    let bytes = bytes_mut(blocks);
     for (xs, b) in x
         .chunks_exact(QK_K)
         .zip(bytes.chunks_exact_mut(4 + QK_K + QK_K / 8))

@@ -263,7 +263,10 @@ struct RowPairs {
 }
 
 impl QuantizedLhs {
-    fn new(x: &[f32], m: usize, k: usize) -> Self {
+    /// `x` quantised, with what `kernel` reads besides: the 512-bit row pairs for a batch
+    /// on `Avx512Vnni` (where the CPU runs them), and the x86 kernels' `sums16` for the
+    /// tiles that run without them.
+    fn new(x: &[f32], m: usize, k: usize, kernel: Kernel) -> Self {
         let kb = k / QK;
         let mut blocks = vec![BlockQ8_0::zeros(); m * kb];
         let mut scales = vec![0f32; m * kb];
@@ -288,15 +291,8 @@ impl QuantizedLhs {
                 }
             }
         });
-        let sums16 = as_bytes(&blocks)
-            .chunks_exact(Q8_BYTES)
-            .flat_map(|b| {
-                b[2..]
-                    .chunks_exact(4)
-                    .map(|q| 16 * q.iter().map(|&v| v as i8 as i32).sum::<i32>())
-            })
-            .collect();
-        let pairs = (m > 1 && pairs_kernel_available()).then(|| {
+        let use_pairs = m > 1 && kernel == Kernel::Avx512Vnni && pairs_kernel_available();
+        let pairs = use_pairs.then(|| {
             let tiles = m.div_ceil(TILE);
             let (mut ybias, mut dpair) =
                 (vec![0u8; tiles * kb * 4 * 64], vec![0f32; tiles * kb * 64]);
@@ -328,6 +324,21 @@ impl QuantizedLhs {
             }
             RowPairs { ybias, dpair }
         });
+        // The x86 single-row kernel (`dot_weights`: decode, or a last tile of one row) reads
+        // `sums16`; the batch tiles read the row pairs when they exist.
+        let single_rows = !use_pairs || m % TILE == 1;
+        let sums16 = if kernel == Kernel::Scalar || !single_rows {
+            Vec::new()
+        } else {
+            as_bytes(&blocks)
+                .chunks_exact(Q8_BYTES)
+                .flat_map(|b| {
+                    b[2..]
+                        .chunks_exact(4)
+                        .map(|q| 16 * q.iter().map(|&v| v as i8 as i32).sum::<i32>())
+                })
+                .collect()
+        };
         Self {
             tiled_scales: interleave(&scales, m, kb),
             blocks,
@@ -443,7 +454,7 @@ pub fn matmul(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let lhs = QuantizedLhs::new(x, m, k);
+    let lhs = QuantizedLhs::new(x, m, k, kernel);
     let tiles = tiles(m);
     let nt = tiles.len();
     let groups = n.div_ceil(TILE);
