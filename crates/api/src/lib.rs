@@ -3,6 +3,7 @@
 //! mock backend, and the engine can evolve without touching HTTP code.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use tokio::sync::mpsc;
 
 /// Index of a configured model (0 = the entry model, usually the small one).
@@ -68,6 +69,27 @@ pub struct GenerateRequest {
     /// Number of top alternatives to report per token (0 = none). The chosen token's
     /// logprob is always reported.
     pub top_logprobs: usize,
+    /// Per-request overrides of the routing method's kwargs (e.g. `threshold`), checked by
+    /// the engine against what the serving policies accept.
+    #[serde(default)]
+    pub routing: RoutingOverrides,
+}
+
+/// Our extension `"routing": {"threshold": 0.1}`: one request overrides numeric kwargs of
+/// the configured routing method, so one server serves every point of a threshold sweep and
+/// a client can buy quality per request. Keys and ranges are checked by the engine against
+/// the policies that will serve the request (unknown key or out of range: 400).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RoutingOverrides(pub BTreeMap<String, f64>);
+
+impl RoutingOverrides {
+    pub fn get(&self, key: &str) -> Option<f64> {
+        self.0.get(key).copied()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// Why a generation ended.
@@ -130,6 +152,9 @@ pub enum SubmitError {
     /// 400: bad parameters the engine detected (e.g. empty prompt, unknown pinned model).
     #[error("{0}")]
     InvalidRequest(String),
+    /// 400: one named request field is invalid (`param` in the OpenAI error object).
+    #[error("{message}")]
+    InvalidField { param: String, message: String },
     /// 503: still loading or shutting down.
     #[error("the server is not ready: {0}")]
     NotReady(String),
@@ -172,6 +197,15 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<String, TextError>;
     /// Queue a generation; tokens stream back on the returned channel.
     fn submit(&self, request: GenerateRequest) -> Result<GenerateStream, SubmitError>;
+    /// Queue several generations as one (the choices and prompts of one API request): all
+    /// are admitted or none. The default submits one by one and drops what was admitted
+    /// when one is refused; the engine reserves room for all of them atomically.
+    fn submit_all(
+        &self,
+        requests: Vec<GenerateRequest>,
+    ) -> Result<Vec<GenerateStream>, SubmitError> {
+        requests.into_iter().map(|r| self.submit(r)).collect()
+    }
     /// Prometheus text exposition of the engine's metrics.
     fn metrics_text(&self) -> String;
 }

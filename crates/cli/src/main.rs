@@ -1,6 +1,7 @@
 //! The `tokenrouter` binary: `serve` (OpenAI-compatible server over the routing engine),
 //! `generate` (quick raw completions), `fetch` (default models), `bench` (load generator),
-//! `bench-model` (runtime speed), `plan-batching` (delayed-batching planner).
+//! `bench-model` (runtime speed), `plan-batching` (delayed-batching planner), `eval`
+//! (routing quality).
 
 mod device_bench;
 mod fused_check;
@@ -51,6 +52,9 @@ enum Command {
     BenchModel(model_bench::ModelBenchArgs),
     /// Delayed-batching planner (exact Markov model).
     PlanBatching(tokenrouter_planner::PlanArgs),
+    /// Quality evaluation (HumanEval or your JSONL): small, large, routed sweep, random,
+    /// request-level baselines, Pareto plot.
+    Eval(tokenrouter_eval::EvalArgs),
 }
 
 #[derive(clap::Args)]
@@ -113,6 +117,15 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::BenchModel(a) => model_bench::run(a),
+        Command::Eval(a) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            let outcome = rt.block_on(tokenrouter_eval::run(a))?;
+            print!("{}", outcome.table);
+            if let Some(c) = outcome.calibration {
+                println!("{c}");
+            }
+            Ok(())
+        }
         Command::PlanBatching(a) => {
             print!("{}", tokenrouter_planner::run(&a)?);
             Ok(())

@@ -124,6 +124,33 @@ pub struct SystemSection {
     /// first clients. Default: on when a model runs on a GPU.
     #[serde(default)]
     pub warmup: Option<bool>,
+    /// Per-request routing overrides (`"routing": {...}` in a request).
+    #[serde(default)]
+    pub request_routing: RequestRouting,
+}
+
+/// `system.request_routing`: whether a request may override the routing method's tunable
+/// kwargs, and narrower bounds than the method's own (`bounds: {threshold: [0.05, 0.5]}`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestRouting {
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    #[serde(default)]
+    pub bounds: BTreeMap<String, [f64; 2]>,
+}
+
+impl Default for RequestRouting {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            bounds: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_max_queued() -> usize {
@@ -169,6 +196,10 @@ fn hint_for(message: &str) -> String {
         "max_queued_requests",
         "max_batch_size",
         "mem_fraction_static",
+        "warmup",
+        "request_routing",
+        "enabled",
+        "bounds",
     ];
     // serde says "unknown field `x`, expected one of ..." — suggest the closest key.
     if let Some(start) = message.find("unknown field `") {

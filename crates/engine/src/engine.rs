@@ -412,6 +412,7 @@ impl GenerateParams {
             ignore_eos: self.ignore_eos,
             pinned_model: self.pinned_model,
             top_logprobs: 0,
+            routing: Default::default(),
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod policy;
 pub mod profile;
 pub mod request;
+pub mod routing_knob;
 pub mod subserver;
 pub mod tuner;
 pub mod turn;

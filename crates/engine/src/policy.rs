@@ -11,7 +11,7 @@ use candle_core::Tensor;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokenrouter_api::ModelIndex;
+use tokenrouter_api::{ModelIndex, RoutingOverrides};
 
 /// What the engine must compute in a step for this policy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,9 +70,17 @@ pub struct RowView<'a> {
     /// The largest logits of the row, descending, when the policy declared
     /// `Needs::top_logits`.
     pub top_logits: Option<&'a [f32]>,
+    /// The request's own overrides of this method's kwargs (already checked against
+    /// `Policy::tunables`).
+    pub routing: &'a RoutingOverrides,
 }
 
 impl RowView<'_> {
+    /// A tunable kwarg for this row: the request's override, else the configured value.
+    pub fn kwarg(&self, key: &str, configured: f32) -> f32 {
+        self.routing.get(key).map_or(configured, |v| v as f32)
+    }
+
     /// The normalised entropy: from the step when it was computed there, else from the
     /// logits.
     pub fn normalised_entropy(&self) -> f32 {
@@ -112,6 +120,26 @@ impl Decision {
         Decision {
             to: Some(to),
             score,
+        }
+    }
+}
+
+/// A kwarg a request may override through `"routing": {key: value}`, and the range the
+/// method accepts for it (the config may narrow it, `system.request_routing`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tunable {
+    pub key: &'static str,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Tunable {
+    /// A probability-like kwarg in [0, 1].
+    pub const fn unit(key: &'static str) -> Tunable {
+        Tunable {
+            key,
+            min: 0.0,
+            max: 1.0,
         }
     }
 }
@@ -165,6 +193,11 @@ impl PolicyContext {
 pub trait Policy: Send {
     fn needs(&self) -> Needs {
         Needs::default()
+    }
+
+    /// Kwargs a request may override for itself (read them with `RowView::kwarg`).
+    fn tunables(&self) -> Vec<Tunable> {
+        Vec::new()
     }
 
     /// Decide, for every row of a finished step, whether the request stays or moves.

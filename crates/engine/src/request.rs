@@ -3,7 +3,7 @@
 //! hand-off carries; the KV cache stays behind at each model that has seen the request.
 
 use std::time::Instant;
-use tokenrouter_api::{FinishReason, GenerateEvent, ModelIndex, TokenEvent};
+use tokenrouter_api::{FinishReason, GenerateEvent, ModelIndex, RoutingOverrides, TokenEvent};
 use tokenrouter_runtime::Sampler;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -21,6 +21,8 @@ pub struct Req {
     pub stop_ids: Vec<u32>,
     pub pinned: Option<ModelIndex>,
     pub top_logprobs: usize,
+    /// The request's overrides of the routing kwargs (checked at submission).
+    pub routing: RoutingOverrides,
     /// Tokens written by the current model since the request arrived there.
     pub visit_tokens: usize,
     /// The model the request came from and when it left there (hand-off latency).
@@ -52,10 +54,17 @@ impl Req {
             stop_ids,
             pinned,
             top_logprobs,
+            routing: RoutingOverrides::default(),
             visit_tokens: 0,
             handed_off: None,
             events,
         }
+    }
+
+    /// The request's own routing kwargs (see `tokenrouter_api::RoutingOverrides`).
+    pub fn with_routing(mut self, routing: RoutingOverrides) -> Self {
+        self.routing = routing;
+        self
     }
 
     pub fn total_len(&self) -> usize {

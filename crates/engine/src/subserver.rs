@@ -501,6 +501,7 @@ impl SubServer {
                     seed: r.seed,
                     entropy: entropy.and_then(|e| e.get(i).copied()),
                     top_logits: top_logits.and_then(|t| t.get(i)).map(|t| &t[..]),
+                    routing: &r.routing,
                 })
                 .collect();
             let step = StepView {

@@ -56,6 +56,7 @@ pub(crate) fn warm_up(engine: &Engine, shared: &Shared) -> Result<(), EngineErro
             ignore_eos: true,
             pinned_model: pinned,
             top_logprobs: 0,
+            routing: Default::default(),
         };
         streams.push(
             engine

@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokenrouter_engine::policy::{PolicyContext, Registry, RowView, SendMode, StepView};
 
+/// No per-request routing overrides.
+static NO_ROUTING: tokenrouter_api::RoutingOverrides =
+    tokenrouter_api::RoutingOverrides(std::collections::BTreeMap::new());
+
 type EmbedFn = Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor> + Send + Sync>;
 
 struct Fixture {
@@ -119,6 +123,7 @@ fn run_with(
             seed: i as u64,
             entropy: None,
             top_logits: top.map(|t| &t[i][..]),
+            routing: &NO_ROUTING,
         })
         .collect();
     assert!(policy.needs().hidden, "r2r must ask for hidden states");
@@ -320,6 +325,7 @@ fn large_model_writes_one_token_and_returns() {
         seed: 0,
         entropy: None,
         top_logits: None,
+        routing: &NO_ROUTING,
     }];
     let d = p.route(&StepView {
         model: 1,

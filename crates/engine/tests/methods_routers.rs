@@ -9,6 +9,10 @@ use tokenrouter_engine::policy::{
     Decision, Policy, PolicyContext, Registry, RowView, SendMode, StepView,
 };
 
+/// No per-request routing overrides.
+static NO_ROUTING: tokenrouter_api::RoutingOverrides =
+    tokenrouter_api::RoutingOverrides(std::collections::BTreeMap::new());
+
 type EmbedFn = Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor> + Send + Sync>;
 
 const H: usize = 4;
@@ -67,6 +71,7 @@ fn step_rows<'a>(logits: &'a [f32], n: usize) -> Vec<RowView<'a>> {
             seed: 0,
             entropy: None,
             top_logits: None,
+            routing: &NO_ROUTING,
         })
         .collect()
 }

@@ -8,6 +8,10 @@ use tokenrouter_engine::policy::{
     Decision, Policy, PolicyContext, Registry, RowView, SendMode, StepView,
 };
 
+/// No per-request routing overrides.
+static NO_ROUTING: tokenrouter_api::RoutingOverrides =
+    tokenrouter_api::RoutingOverrides(std::collections::BTreeMap::new());
+
 const V: usize = 30;
 const NL2: u32 = 5; // "\n\n"
 const NL: u32 = 6; // "\n"
@@ -57,6 +61,7 @@ fn row<'a>(rid: u64, logits: &'a [f32], token: u32, output: &'a [u32]) -> RowVie
         seed: 0,
         entropy: None,
         top_logits: None,
+        routing: &NO_ROUTING,
     }
 }
 

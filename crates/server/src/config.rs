@@ -16,6 +16,9 @@ pub struct ServerConfig {
     /// Name of the routed model: a request whose `model` is this name (or omitted) is routed
     /// token by token; a configured model's name pins the request to that model.
     pub served_model_name: String,
+    /// Other names that also mean the routed model (the research system's clients send
+    /// `model="default"`); listed by `/v1/models` after the served name.
+    pub served_model_aliases: Vec<String>,
     /// On shutdown, in-flight requests may finish for this long before they are aborted.
     pub shutdown_grace: Duration,
     /// Largest accepted `n`.
@@ -30,6 +33,7 @@ impl Default for ServerConfig {
             api_key: None,
             max_body_bytes: 4 * 1024 * 1024,
             served_model_name: DEFAULT_SERVED_MODEL_NAME.to_string(),
+            served_model_aliases: vec!["default".to_string()],
             shutdown_grace: Duration::from_secs(30),
             max_n: 16,
             max_top_logprobs: 20,

@@ -32,6 +32,9 @@ pub enum ApiError {
     /// 404: no such route.
     #[error("no route for {0}")]
     RouteNotFound(String),
+    /// 405: the route exists, the method does not.
+    #[error("{method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
     /// 413: the body exceeds `max_body_bytes`.
     #[error("the request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
@@ -68,12 +71,13 @@ impl ApiError {
             | ApiError::Text(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Submit(e) => match e {
                 SubmitError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-                SubmitError::ContextTooLong { .. } | SubmitError::InvalidRequest(_) => {
-                    StatusCode::BAD_REQUEST
-                }
+                SubmitError::ContextTooLong { .. }
+                | SubmitError::InvalidRequest(_)
+                | SubmitError::InvalidField { .. } => StatusCode::BAD_REQUEST,
                 SubmitError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             },
             ApiError::ShuttingDown | ApiError::Aborted => StatusCode::SERVICE_UNAVAILABLE,
@@ -99,6 +103,7 @@ impl ApiError {
             ApiError::InvalidParam { param, .. } => Some(param.clone()),
             ApiError::MissingField(field) => Some(field.clone()),
             ApiError::ModelNotFound(_) => Some("model".into()),
+            ApiError::Submit(SubmitError::InvalidField { param, .. }) => Some(param.clone()),
             _ => None,
         }
     }
@@ -112,10 +117,12 @@ impl ApiError {
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::RouteNotFound(_) => "not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::BodyTooLarge { .. } => "request_too_large",
             ApiError::Submit(SubmitError::QueueFull { .. }) => "queue_full",
             ApiError::Submit(SubmitError::ContextTooLong { .. }) => "context_length_exceeded",
             ApiError::Submit(SubmitError::InvalidRequest(_)) => "invalid_request",
+            ApiError::Submit(SubmitError::InvalidField { .. }) => "invalid_value",
             ApiError::Submit(SubmitError::NotReady(_)) => "not_ready",
             ApiError::Text(_) => "invalid_text",
             ApiError::ShuttingDown => "shutting_down",
@@ -134,6 +141,16 @@ impl ApiError {
                 code: self.code(),
             },
         }
+    }
+}
+
+/// A user-supplied value as it may appear in an error message: at most 64 characters, so a
+/// megabyte-long field is never echoed back whole.
+pub fn truncate_for_echo(value: &str) -> String {
+    const MAX: usize = 64;
+    match value.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &value[..cut]),
+        None => value.to_string(),
     }
 }
 

@@ -50,12 +50,12 @@ impl Generation {
         arrival: Instant,
     ) -> Result<Self, ApiError> {
         state.check_accepting()?;
-        let mut streams = Vec::new();
+        let mut requests = Vec::new();
         for prompt in prompts {
-            for request in plan.requests(prompt)? {
-                streams.push(state.backend.submit(request)?);
-            }
+            requests.extend(plan.requests(prompt)?);
         }
+        // All choices of all prompts are admitted together or not at all.
+        let streams = state.backend.submit_all(requests)?;
         let prompt_tokens = prompts.iter().map(Vec::len).sum::<usize>() * plan.n;
         let num_choices = streams.len();
         let choices = stream::select_all(streams.into_iter().enumerate().map(|(index, s)| {

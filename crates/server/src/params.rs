@@ -1,7 +1,7 @@
 //! Validation of the sampling fields shared by chat and completions, and their mapping onto
 //! the engine's [`GenerateRequest`]. Every rejection is a 400 naming the field in `param`.
 
-use tokenrouter_api::{GenerateRequest, SamplingParams, SubmitError};
+use tokenrouter_api::{GenerateRequest, RoutingOverrides, SamplingParams, SubmitError};
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
@@ -25,6 +25,7 @@ pub struct GenerationPlan {
     /// `None` = no logprobs; `Some(k)` = chosen token's logprob plus k alternatives.
     pub logprobs: Option<usize>,
     pub return_token_sources: bool,
+    pub routing: RoutingOverrides,
 }
 
 impl GenerationPlan {
@@ -55,6 +56,7 @@ impl GenerationPlan {
             None => None,
         };
         let sampling = sampling_params(&fields)?;
+        let routing = routing_overrides(fields.routing.as_ref())?;
         let stream = fields.stream.unwrap_or(false);
         let include_usage = fields
             .stream_options
@@ -73,6 +75,7 @@ impl GenerationPlan {
             ignore_eos: fields.ignore_eos.unwrap_or(false),
             logprobs,
             return_token_sources: fields.return_token_sources.unwrap_or(false),
+            routing,
         })
     }
 
@@ -107,10 +110,34 @@ impl GenerationPlan {
                     ignore_eos: self.ignore_eos,
                     pinned_model: self.model.pinned,
                     top_logprobs: self.logprobs.unwrap_or(0),
+                    routing: self.routing.clone(),
                 }
             })
             .collect())
     }
+}
+
+/// `routing`: an object of finite numbers (which keys and ranges are allowed is the
+/// engine's decision: it knows the policies that will serve the request).
+fn routing_overrides(
+    routing: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<RoutingOverrides, ApiError> {
+    let mut out = RoutingOverrides::default();
+    for (key, value) in routing.into_iter().flatten() {
+        let param = format!("routing.{}", crate::error::truncate_for_echo(key));
+        match value.as_f64() {
+            Some(v) if v.is_finite() => {
+                out.0.insert(key.clone(), v);
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    param.clone(),
+                    format!("`{param}` must be a finite number"),
+                ))
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Chat's `logprobs: bool` + `top_logprobs: k` → `Some(k)` / `None`.
@@ -244,7 +271,8 @@ fn check(
 ) -> Result<f32, ApiError> {
     match value {
         None => Ok(default),
-        Some(v) if !v.is_finite() => Err(ApiError::invalid(
+        // Finite as an f64 is not enough: 3.5e38 is infinite once it is an f32.
+        Some(v) if !v.is_finite() || !(v as f32).is_finite() => Err(ApiError::invalid(
             param,
             format!("`{param}` must be a finite number"),
         )),

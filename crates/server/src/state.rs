@@ -76,13 +76,21 @@ impl AppState {
         match requested {
             None => routed(routed_name, &models),
             Some(name) if name == routed_name => routed(routed_name, &models),
+            Some(name)
+                if self.config.served_model_aliases.iter().any(|a| a == name)
+                    && !models.iter().any(|m| m.name == name) =>
+            {
+                routed(routed_name, &models)
+            }
             Some(name) => match models.iter().position(|m| m.name == name) {
                 Some(index) => Ok(ModelChoice {
                     name: name.to_string(),
                     pinned: Some(index),
                     context_length: models[index].context_length,
                 }),
-                None => Err(ApiError::ModelNotFound(name.to_string())),
+                None => Err(ApiError::ModelNotFound(crate::error::truncate_for_echo(
+                    name,
+                ))),
             },
         }
     }

@@ -4,6 +4,7 @@
 use super::Engine;
 use crate::exchange::ToExchange;
 use crate::request::Req;
+use crate::subserver::Shared;
 use std::sync::atomic::Ordering;
 use tokenrouter_api::{
     Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, SubmitError, TextError,
@@ -79,9 +80,109 @@ impl Backend for Engine {
         self.submit_loaded(request)
     }
 
+    fn submit_all(
+        &self,
+        requests: Vec<GenerateRequest>,
+    ) -> Result<Vec<GenerateStream>, SubmitError> {
+        if !self.is_ready() {
+            return Err(SubmitError::NotReady(
+                self.load_error()
+                    .unwrap_or_else(|| "the models are still loading".into()),
+            ));
+        }
+        self.submit_all_loaded(requests)
+    }
+
     fn metrics_text(&self) -> String {
         self.inner.metrics.text()
     }
+}
+
+/// Most `logit_bias` entries a request may carry (OpenAI's limit).
+pub const MAX_LOGIT_BIAS: usize = 300;
+/// Most `stop_token_ids` a request may carry.
+pub const MAX_STOP_TOKEN_IDS: usize = 256;
+
+/// Every token id a request carries must be a real token of every model (below the shared
+/// sample limit: padding ids and ids past a model's vocabulary are refused here, so a bad id
+/// never reaches a step it would share with other requests).
+fn check_token_ids(request: &GenerateRequest, limit: usize) -> Result<(), SubmitError> {
+    let invalid = |param: &str, message: String| SubmitError::InvalidField {
+        param: param.to_string(),
+        message,
+    };
+    if let Some((i, id)) = request
+        .prompt_ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= limit)
+    {
+        return Err(invalid(
+            "prompt",
+            format!(
+                "token id {id} at position {i} is not in the vocabulary (valid ids: 0..{limit})"
+            ),
+        ));
+    }
+    if request.sampling.logit_bias.len() > MAX_LOGIT_BIAS {
+        return Err(invalid(
+            "logit_bias",
+            format!(
+                "at most {MAX_LOGIT_BIAS} entries, got {}",
+                request.sampling.logit_bias.len()
+            ),
+        ));
+    }
+    if let Some((id, _)) = request
+        .sampling
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= limit)
+    {
+        return Err(invalid(
+            "logit_bias",
+            format!("token id {id} is not in the vocabulary (valid ids: 0..{limit})"),
+        ));
+    }
+    if request.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(invalid(
+            "stop_token_ids",
+            format!(
+                "at most {MAX_STOP_TOKEN_IDS} ids, got {}",
+                request.stop_token_ids.len()
+            ),
+        ));
+    }
+    if let Some(id) = request
+        .stop_token_ids
+        .iter()
+        .find(|&&id| id as usize >= limit)
+    {
+        return Err(invalid(
+            "stop_token_ids",
+            format!("token id {id} is not in the vocabulary (valid ids: 0..{limit})"),
+        ));
+    }
+    let s = &request.sampling;
+    for (name, v) in [
+        ("temperature", s.temperature),
+        ("top_p", s.top_p),
+        ("min_p", s.min_p),
+        ("repetition_penalty", s.repetition_penalty),
+        ("presence_penalty", s.presence_penalty),
+        ("frequency_penalty", s.frequency_penalty),
+    ] {
+        if !v.is_finite() {
+            return Err(invalid(name, format!("`{name}` must be a finite number")));
+        }
+    }
+    if s.logit_bias.iter().any(|(_, b)| !b.is_finite()) {
+        return Err(invalid(
+            "logit_bias",
+            "biases must be finite numbers".into(),
+        ));
+    }
+    Ok(())
 }
 
 impl Engine {
@@ -96,40 +197,61 @@ impl Engine {
         &self,
         request: GenerateRequest,
     ) -> Result<GenerateStream, SubmitError> {
+        let mut streams = self.submit_all_loaded(vec![request])?;
+        streams
+            .pop()
+            .ok_or_else(|| SubmitError::NotReady("nothing was submitted".into()))
+    }
+
+    /// Admission of several requests as one (the choices and prompts of one HTTP request):
+    /// every request is validated first, then room for all of them is reserved in one atomic
+    /// step, so a refused batch holds nothing and never crowds out other clients.
+    pub(crate) fn submit_all_loaded(
+        &self,
+        requests: Vec<GenerateRequest>,
+    ) -> Result<Vec<GenerateStream>, SubmitError> {
         let (Some(shared), Some(text)) = (self.inner.shared.get(), self.text()) else {
             return Err(SubmitError::NotReady("the models are still loading".into()));
         };
-        if request.prompt_ids.is_empty() {
-            return Err(SubmitError::InvalidRequest("the prompt is empty".into()));
+        for request in &requests {
+            validate(request, shared)?;
         }
-        if let Some(p) = request.pinned_model {
-            if p >= shared.names.len() {
-                return Err(SubmitError::InvalidRequest(format!(
-                    "no model with index {p}"
-                )));
-            }
-        }
-        if request.max_tokens == 0 {
-            return Err(SubmitError::InvalidRequest(
-                "max_tokens must be at least 1".into(),
-            ));
-        }
-        let need = request.prompt_ids.len() + request.max_tokens;
-        if need > shared.context_limit {
-            return Err(SubmitError::ContextTooLong {
-                prompt_tokens: request.prompt_ids.len(),
-                max_tokens: request.max_tokens,
-                context_length: shared.context_limit,
-            });
-        }
+        let n = requests.len();
         let limit = self.inner.config.system.max_queued_requests;
-        let active = shared.active.load(Ordering::SeqCst);
-        if active >= limit {
+        if let Err(active) = shared
+            .active
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| {
+                (a + n <= limit).then_some(a + n)
+            })
+        {
             return Err(SubmitError::QueueFull {
                 queued: active,
                 limit,
             });
         }
+        let tx = self.inner.to_exchange.lock().ok().and_then(|t| t.clone());
+        let Some(tx) = tx else {
+            shared.active.fetch_sub(n, Ordering::SeqCst);
+            return Err(SubmitError::NotReady("the engine is shutting down".into()));
+        };
+        let mut streams = Vec::with_capacity(n);
+        for (i, request) in requests.into_iter().enumerate() {
+            let (req, stream) = self.build_req(request, text.eos_ids());
+            self.inner.metrics.active.inc();
+            if tx.send(ToExchange::Submit(Box::new(req))).is_err() {
+                // The loop is gone: this and the unsent ones were never admitted (the ones
+                // already sent end with the loop).
+                shared.active.fetch_sub(n - i, Ordering::SeqCst);
+                self.inner.metrics.active.sub((n - i) as i64);
+                return Err(SubmitError::NotReady("the engine has stopped".into()));
+            }
+            streams.push(stream);
+        }
+        Ok(streams)
+    }
+
+    /// The engine-side request (sampling state, stop ids) and the client's stream.
+    fn build_req(&self, request: GenerateRequest, eos_ids: &[u32]) -> (Req, GenerateStream) {
         let rid = self.inner.next_rid.fetch_add(1, Ordering::SeqCst);
         let s = &request.sampling;
         let seed = s.seed.unwrap_or_else(rand::random);
@@ -146,7 +268,7 @@ impl Engine {
         let sampler = Sampler::new(cfg, seed, &request.prompt_ids);
         let mut stop_ids = request.stop_token_ids.clone();
         if !request.ignore_eos {
-            stop_ids.extend_from_slice(text.eos_ids());
+            stop_ids.extend_from_slice(eos_ids);
         }
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
         let req = Req::new(
@@ -159,21 +281,47 @@ impl Engine {
             request.pinned_model,
             request.top_logprobs,
             etx,
-        );
-        let tx = self.inner.to_exchange.lock().ok().and_then(|t| t.clone());
-        let Some(tx) = tx else {
-            return Err(SubmitError::NotReady("the engine is shutting down".into()));
-        };
-        shared.active.fetch_add(1, Ordering::SeqCst);
-        self.inner.metrics.active.inc();
-        if tx.send(ToExchange::Submit(Box::new(req))).is_err() {
-            shared.active.fetch_sub(1, Ordering::SeqCst);
-            self.inner.metrics.active.dec();
-            return Err(SubmitError::NotReady("the engine has stopped".into()));
-        }
-        Ok(GenerateStream {
-            request_id: rid,
-            events: erx,
-        })
+        )
+        .with_routing(request.routing);
+        (
+            req,
+            GenerateStream {
+                request_id: rid,
+                events: erx,
+            },
+        )
     }
+}
+
+/// Everything about one request that can be checked before admission, against the models
+/// that will serve it.
+fn validate(request: &GenerateRequest, shared: &Shared) -> Result<(), SubmitError> {
+    if request.prompt_ids.is_empty() {
+        return Err(SubmitError::InvalidRequest("the prompt is empty".into()));
+    }
+    if let Some(p) = request.pinned_model {
+        if p >= shared.names.len() {
+            return Err(SubmitError::InvalidRequest(format!(
+                "no model with index {p}"
+            )));
+        }
+    }
+    check_token_ids(request, shared.sample_limit)?;
+    if let Some(tunables) = shared.tunables.get() {
+        tunables.check(&request.routing)?;
+    }
+    if request.max_tokens == 0 {
+        return Err(SubmitError::InvalidRequest(
+            "max_tokens must be at least 1".into(),
+        ));
+    }
+    let need = request.prompt_ids.len().saturating_add(request.max_tokens);
+    if need > shared.context_limit {
+        return Err(SubmitError::ContextTooLong {
+            prompt_tokens: request.prompt_ids.len(),
+            max_tokens: request.max_tokens,
+            context_length: shared.context_limit,
+        });
+    }
+    Ok(())
 }

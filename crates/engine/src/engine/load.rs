@@ -140,10 +140,12 @@ pub(super) fn load(
     let shared = Arc::new(Shared::new(
         names.clone(),
         context_limit,
+        shared_vocab.sample_limit,
         thresholds,
         metrics,
     ));
     let mut subs = Vec::new();
+    let mut tunables = Vec::new();
     let mut infos = Vec::new();
     let mut text = None;
     for (idx, (m, path, lm)) in loaded.into_iter().enumerate() {
@@ -164,6 +166,7 @@ pub(super) fn load(
             .clone()
             .unwrap_or_else(|| "slm_only".into());
         let policy = registry.build(&class, &m.section.scheduler_kwargs, &ctx)?;
+        tunables.extend(policy.tunables());
         infos.push(ModelInfo {
             name: m.name.clone(),
             source: path.display().to_string(),
@@ -182,6 +185,9 @@ pub(super) fn load(
         ));
     }
     let text = text.ok_or_else(|| EngineError::Start("no models".into()))?;
+    let tunables =
+        crate::routing_knob::Tunables::new(tunables, &config.system.request_routing, &config.file)?;
+    let _ = shared.tunables.set(tunables);
     Ok(Loaded {
         subs,
         text,

@@ -5,7 +5,9 @@
 
 use super::unit_hash;
 use crate::config::{parse_kwargs, ConfigError};
-use crate::policy::{Decision, Needs, Policy, PolicyContext, Registry, SendMode, StepView};
+use crate::policy::{
+    Decision, Needs, Policy, PolicyContext, Registry, SendMode, StepView, Tunable,
+};
 use serde::Deserialize;
 use tokenrouter_api::ModelIndex;
 use tokenrouter_runtime::sampling::entropy;
@@ -122,12 +124,16 @@ impl Policy for Random {
         Needs::TOKENS_ONLY
     }
 
+    fn tunables(&self) -> Vec<Tunable> {
+        vec![Tunable::unit("p")]
+    }
+
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
         step.rows
             .iter()
             .map(|r| {
                 let u = unit_hash(self.seed, r.seed, r.output.len() as u64);
-                if u < self.p {
+                if u < r.routing.get("p").unwrap_or(self.p) {
                     Decision::go(self.to, Some(u as f32))
                 } else {
                     Decision::stay(Some(u as f32))
@@ -169,12 +175,16 @@ impl Policy for RStitchSlm {
         Needs::ENTROPY_ONLY
     }
 
+    fn tunables(&self) -> Vec<Tunable> {
+        vec![Tunable::unit("threshold")]
+    }
+
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
         step.rows
             .iter()
             .map(|r| {
                 let h = r.normalised_entropy();
-                if h > self.threshold {
+                if h > r.kwarg("threshold", self.threshold) {
                     Decision::go(self.to, Some(h))
                 } else {
                     Decision::stay(Some(h))
@@ -193,12 +203,16 @@ impl Policy for RStitchLlm {
         Needs::ENTROPY_ONLY
     }
 
+    fn tunables(&self) -> Vec<Tunable> {
+        vec![Tunable::unit("threshold")]
+    }
+
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
         step.rows
             .iter()
             .map(|r| {
                 let h = r.normalised_entropy();
-                if h <= self.threshold {
+                if h <= r.kwarg("threshold", self.threshold) {
                     Decision::go(0, Some(h))
                 } else {
                     Decision::stay(Some(h))
@@ -300,6 +314,9 @@ mod tests {
     use super::*;
     use crate::policy::RowView;
 
+    static NO_OVERRIDES: tokenrouter_api::RoutingOverrides =
+        tokenrouter_api::RoutingOverrides(std::collections::BTreeMap::new());
+
     #[test]
     fn rstitch_reads_the_entropy_of_the_step() {
         let row = |entropy| RowView {
@@ -313,6 +330,7 @@ mod tests {
             seed: 0,
             entropy: Some(entropy),
             top_logits: None,
+            routing: &NO_OVERRIDES,
         };
         let rows = [row(0.9), row(0.1)];
         let step = StepView {
@@ -331,6 +349,52 @@ mod tests {
         let d = llm.route(&step);
         assert_eq!((d[0].to, d[1].to), (None, Some(0)));
         assert_eq!(slm.needs(), Needs::ENTROPY_ONLY);
+    }
+
+    #[test]
+    fn a_request_overrides_the_threshold_for_itself() {
+        let strict = tokenrouter_api::RoutingOverrides([("threshold".to_string(), 0.95)].into());
+        let eager = tokenrouter_api::RoutingOverrides([("threshold".to_string(), 0.05)].into());
+        let row = |entropy, routing| RowView {
+            rid: 1,
+            logits: &[],
+            token: 0,
+            prompt: &[],
+            output: &[],
+            sources: &[],
+            visit_tokens: 0,
+            seed: 0,
+            entropy: Some(entropy),
+            top_logits: None,
+            routing,
+        };
+        let rows = [row(0.9, &strict), row(0.1, &eager), row(0.9, &NO_OVERRIDES)];
+        let step = StepView {
+            model: 0,
+            rows: &rows,
+            hidden: None,
+        };
+        let mut slm = RStitchSlm {
+            threshold: 0.5,
+            to: 1,
+        };
+        let d: Vec<_> = slm.route(&step).iter().map(|d| d.to).collect();
+        assert_eq!(d, vec![None, Some(1), Some(1)]);
+        assert_eq!(slm.tunables(), vec![Tunable::unit("threshold")]);
+        let mut random = Random {
+            p: 0.0,
+            seed: 0,
+            to: 1,
+        };
+        let always = tokenrouter_api::RoutingOverrides([("p".to_string(), 1.0)].into());
+        let rows = [row(0.0, &always), row(0.0, &NO_OVERRIDES)];
+        let step = StepView {
+            model: 0,
+            rows: &rows,
+            hidden: None,
+        };
+        let d: Vec<_> = random.route(&step).iter().map(|d| d.to).collect();
+        assert_eq!(d, vec![Some(1), None]);
     }
 
     #[test]

@@ -73,6 +73,11 @@ impl CiterSlm {
 }
 
 impl Policy for CiterSlm {
+    fn tunables(&self) -> Vec<crate::policy::Tunable> {
+        use crate::policy::Tunable;
+        vec![Tunable::unit("threshold")]
+    }
+
     fn needs(&self) -> Needs {
         // The router reads the hidden state only.
         Needs {
@@ -88,7 +93,9 @@ impl Policy for CiterSlm {
             return Vec::new();
         }
         let threshold = self.threshold;
-        super::decide(step, "citer", self.to, self.scores(step), |s| s < threshold)
+        super::decide(step, "citer", self.to, self.scores(step), |row, s| {
+            s < row.kwarg("threshold", threshold)
+        })
     }
 }
 

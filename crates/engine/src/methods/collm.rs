@@ -48,6 +48,11 @@ impl CoLlmSlm {
 }
 
 impl Policy for CoLlmSlm {
+    fn tunables(&self) -> Vec<crate::policy::Tunable> {
+        use crate::policy::Tunable;
+        vec![Tunable::unit("threshold")]
+    }
+
     fn needs(&self) -> Needs {
         // The router reads the hidden state only.
         Needs {
@@ -63,8 +68,8 @@ impl Policy for CoLlmSlm {
             return Vec::new();
         }
         let threshold = self.threshold;
-        super::decide(step, "co-llm", self.to, self.p_defer(step), |p| {
-            p > threshold
+        super::decide(step, "co-llm", self.to, self.p_defer(step), |row, p| {
+            p > row.kwarg("threshold", threshold).max(MIN_THRESHOLD)
         })
     }
 }

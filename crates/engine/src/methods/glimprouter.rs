@@ -73,6 +73,15 @@ struct GlimpSlm {
 }
 
 impl Policy for GlimpSlm {
+    fn tunables(&self) -> Vec<crate::policy::Tunable> {
+        use crate::policy::Tunable;
+        vec![Tunable {
+            key: "threshold",
+            min: 0.0,
+            max: 3.0,
+        }]
+    }
+
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
         step.rows
             .iter()
@@ -82,7 +91,7 @@ impl Policy for GlimpSlm {
                     return Decision::STAY;
                 }
                 let h = top_k_entropy(r.logits, GLIMPSE_TOP_K);
-                if h >= self.threshold {
+                if h >= r.kwarg("threshold", self.threshold) {
                     Decision::go(self.to, Some(h))
                 } else {
                     Decision::stay(Some(h))

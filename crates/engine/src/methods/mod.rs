@@ -42,14 +42,15 @@ pub fn decide<E: std::fmt::Display>(
     method: &str,
     to: tokenrouter_api::ModelIndex,
     scores: Result<Vec<f32>, E>,
-    route: impl Fn(f32) -> bool,
+    route: impl Fn(&crate::policy::RowView<'_>, f32) -> bool,
 ) -> Vec<crate::policy::Decision> {
     use crate::policy::Decision;
     match scores {
         Ok(s) => s
             .into_iter()
-            .map(|p| {
-                if route(p) {
+            .zip(step.rows)
+            .map(|(p, row)| {
+                if route(row, p) {
                     Decision::go(to, Some(p))
                 } else {
                     Decision::stay(Some(p))

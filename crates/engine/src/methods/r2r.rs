@@ -240,6 +240,11 @@ impl R2rSlm {
 }
 
 impl Policy for R2rSlm {
+    fn tunables(&self) -> Vec<crate::policy::Tunable> {
+        use crate::policy::Tunable;
+        vec![Tunable::unit("threshold")]
+    }
+
     fn needs(&self) -> Needs {
         // Hidden state and the top logits only: on a GPU the step computes both on the
         // device and greedy requests are sampled there (no logits reach the host).
@@ -256,8 +261,8 @@ impl Policy for R2rSlm {
             return Vec::new();
         }
         let threshold = self.threshold;
-        super::decide(step, "r2r", self.to, self.probabilities(step), |p| {
-            p >= threshold
+        super::decide(step, "r2r", self.to, self.probabilities(step), |row, p| {
+            p >= row.kwarg("threshold", threshold)
         })
     }
 }

@@ -25,6 +25,9 @@ pub struct Shared {
     pub kv_used: Vec<AtomicUsize>,
     /// Smallest context length across models: a request must fit every model it may visit.
     pub context_limit: usize,
+    /// Ids at or above this are padding or beyond some model's vocabulary: never valid in a
+    /// request (prompt, logit_bias, stop_token_ids).
+    pub sample_limit: usize,
     pub thresholds: Vec<Mutex<Threshold>>,
     pub metrics: Arc<EngineMetrics>,
     /// Step latency observations for online tuning.
@@ -40,6 +43,8 @@ pub struct Shared {
     pub busy: BusyClock,
     /// CPU models step one at a time (see `turn.rs`).
     pub cpu_turn: crate::turn::TurnLock,
+    /// What a request may override in `"routing"`, set once the policies are built.
+    pub tunables: std::sync::OnceLock<crate::routing_knob::Tunables>,
 }
 
 /// The number of models in a step, integrated over time: a step reads the integral when it
@@ -121,6 +126,7 @@ impl Shared {
     pub fn new(
         names: Vec<String>,
         context_limit: usize,
+        sample_limit: usize,
         thresholds: Vec<Threshold>,
         metrics: Arc<EngineMetrics>,
     ) -> Self {
@@ -133,6 +139,7 @@ impl Shared {
             in_transit: AtomicUsize::new(0),
             kv_used: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             context_limit,
+            sample_limit,
             thresholds: thresholds.into_iter().map(Mutex::new).collect(),
             metrics,
             latency_log: Mutex::new(Vec::new()),
@@ -141,6 +148,7 @@ impl Shared {
             tuned: (0..n).map(|_| TunedThresholds::new()).collect(),
             busy: BusyClock::default(),
             cpu_turn: crate::turn::TurnLock::default(),
+            tunables: std::sync::OnceLock::new(),
         }
     }
 

@@ -73,6 +73,7 @@ pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         ignore_eos: true,
         pinned_model: None,
         top_logprobs: 0,
+        routing: Default::default(),
     }
 }
 

@@ -31,6 +31,9 @@ pub struct CommonFields {
     pub n: Option<u64>,
     /// Extension: report which model wrote each token.
     pub return_token_sources: Option<bool>,
+    /// Extension: per-request overrides of the routing method's kwargs
+    /// (`{"threshold": 0.1}`); the engine checks keys and ranges.
+    pub routing: Option<Map<String, Value>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -43,5 +43,13 @@ pub async fn version() -> Json<serde_json::Value> {
 }
 
 pub async fn not_found(uri: Uri) -> ApiError {
-    ApiError::RouteNotFound(uri.path().to_string())
+    ApiError::RouteNotFound(crate::error::truncate_for_echo(uri.path()))
+}
+
+/// A known route asked with the wrong method: 405 with an OpenAI-shaped body.
+pub async fn method_not_allowed(method: axum::http::Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: crate::error::truncate_for_echo(method.as_str()),
+        path: crate::error::truncate_for_echo(uri.path()),
+    }
 }

@@ -28,6 +28,7 @@ pub fn build(state: AppState) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .merge(crate::web::routes())
         .fallback(misc::not_found)
+        .method_not_allowed_fallback(misc::method_not_allowed)
         .layer(from_fn_with_state(state.clone(), require_api_key))
         .layer(from_fn_with_state(state.clone(), count_http))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))

@@ -1,5 +1,6 @@
 //! `GET /v1/models`: the routed model (`served_model_name`, listed first) and every
-//! configured model by name; naming one of the latter in a request pins it to that model.
+//! configured model by name (naming one of those in a request pins it to that model), then
+//! the aliases of the routed model (`default`, as the research system's clients send).
 
 use axum::extract::{Path, State};
 use axum::Json;
@@ -43,6 +44,21 @@ fn cards(state: &AppState) -> Vec<ModelCard> {
         max_model_len: routed_len,
         routed: true,
     };
+    let aliases: Vec<ModelCard> = state
+        .config
+        .served_model_aliases
+        .iter()
+        .filter(|a| **a != routed.id && !models.iter().any(|m| &m.name == *a))
+        .map(|a| ModelCard {
+            id: a.clone(),
+            object: "model",
+            created: 0,
+            owned_by: "tokenrouter",
+            root: routed.root.clone(),
+            max_model_len: routed.max_model_len,
+            routed: true,
+        })
+        .collect();
     std::iter::once(routed)
         .chain(models.into_iter().map(|m| ModelCard {
             id: m.name,
@@ -53,6 +69,7 @@ fn cards(state: &AppState) -> Vec<ModelCard> {
             max_model_len: m.context_length,
             routed: false,
         }))
+        .chain(aliases)
         .collect()
 }
 
@@ -71,5 +88,5 @@ pub async fn get_model(
         .into_iter()
         .find(|c| c.id == id)
         .map(Json)
-        .ok_or(ApiError::ModelNotFound(id))
+        .ok_or_else(|| ApiError::ModelNotFound(crate::error::truncate_for_echo(&id)))
 }

