@@ -142,6 +142,13 @@ pub enum SubmitError {
         "the server is overloaded: {queued} requests are queued (max_queued_requests = {limit})"
     )]
     QueueFull { queued: usize, limit: usize },
+    /// 429: the prompt tokens of the requests inside the engine would exceed the bound.
+    #[error("the server is overloaded: {queued} prompt tokens are queued, {requested} more requested (max_queued_prompt_tokens = {limit})")]
+    PromptTokensFull {
+        queued: usize,
+        requested: usize,
+        limit: usize,
+    },
     /// 400: prompt + max_tokens do not fit.
     #[error("this model's maximum context length is {context_length} tokens, but {prompt_tokens} prompt tokens + {max_tokens} max_tokens were requested")]
     ContextTooLong {
@@ -208,4 +215,9 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Prometheus text exposition of the engine's metrics.
     fn metrics_text(&self) -> String;
+    /// Models that cannot serve now (name, why): a model whose loop went down, or one stuck
+    /// in a step past the watchdog. `/health` answers 503 naming them.
+    fn unhealthy(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }

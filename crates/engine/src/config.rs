@@ -113,6 +113,10 @@ pub struct SystemSection {
     /// Requests waiting beyond this are refused at once (HTTP 429).
     #[serde(default = "default_max_queued")]
     pub max_queued_requests: usize,
+    /// Prompt tokens of all requests inside the engine beyond this are refused at once
+    /// (HTTP 429): back-pressure on long prompts before the request count bound is hit.
+    #[serde(default = "default_max_queued_prompt_tokens")]
+    pub max_queued_prompt_tokens: usize,
     /// Largest number of requests a model steps in one batch.
     #[serde(default = "default_max_batch")]
     pub max_batch_size: usize,
@@ -127,6 +131,41 @@ pub struct SystemSection {
     /// Per-request routing overrides (`"routing": {...}` in a request).
     #[serde(default)]
     pub request_routing: RequestRouting,
+    /// A step running longer than this is reported (logs, metrics, `/health` while it runs).
+    #[serde(default = "default_watchdog")]
+    pub step_watchdog_s: f64,
+    /// Faults to inject (tests): `[{model: reference, step: 3, kind: panic}]`.
+    #[serde(default)]
+    pub fault_injection: Vec<FaultSpec>,
+}
+
+fn default_watchdog() -> f64 {
+    60.0
+}
+
+/// What an injected fault does at its step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// The step panics (the sub-server goes down).
+    Panic,
+    /// The step returns an error (its batch fails, the model stays up).
+    Fail,
+    /// The step sleeps `stall_ms` first (the watchdog reports it).
+    Stall,
+    /// The first row's logits are NaN (only that request fails).
+    NanRow,
+}
+
+/// One injected fault: `kind` at the `step`-th step (1-based) of `model`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    pub model: String,
+    pub step: u64,
+    pub kind: FaultKind,
+    #[serde(default)]
+    pub stall_ms: u64,
 }
 
 /// `system.request_routing`: whether a request may override the routing method's tunable
@@ -155,6 +194,10 @@ fn default_true() -> bool {
 
 fn default_max_queued() -> usize {
     256
+}
+
+fn default_max_queued_prompt_tokens() -> usize {
+    4 << 20
 }
 
 fn default_max_batch() -> usize {
@@ -194,10 +237,13 @@ fn hint_for(message: &str) -> String {
         "entry_model",
         "execution",
         "max_queued_requests",
+        "max_queued_prompt_tokens",
         "max_batch_size",
         "mem_fraction_static",
         "warmup",
         "request_routing",
+        "step_watchdog_s",
+        "fault_injection",
         "enabled",
         "bounds",
     ];

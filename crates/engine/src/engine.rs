@@ -101,7 +101,7 @@ fn run_subserver(
             }
             continue;
         }
-        sub.step(&mut out);
+        sub.step_guarded(&mut out);
         for o in out.drain(..) {
             if exchange.send(ToExchange::Out(sub.idx, o)).is_err() {
                 return;
@@ -149,7 +149,7 @@ fn run_lockstep(mut subs: Vec<SubServer>, rx: mpsc::Receiver<ToExchange>) {
         }
         // One lockstep tick: every model with work steps once.
         for i in 0..subs.len() {
-            subs[i].step(&mut out);
+            subs[i].step_guarded(&mut out);
             let idx = subs[i].idx;
             for o in out.drain(..) {
                 ex.handle(ToExchange::Out(idx, o), &mut |m, inbound| {

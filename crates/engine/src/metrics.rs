@@ -20,6 +20,8 @@ pub struct EngineMetrics {
     pub threshold: GaugeVec,
     pub predicted_throughput: Gauge,
     pub active: IntGauge,
+    pub slow_steps: IntCounterVec,
+    pub failed_rows: IntCounterVec,
 }
 
 fn buckets_seconds() -> Vec<f64> {
@@ -104,6 +106,20 @@ impl EngineMetrics {
             "Throughput the delayed-batching planner predicts for the current thresholds",
         )?;
         let active = IntGauge::new(m("engine_active_requests"), "Requests inside the engine")?;
+        let slow_steps = IntCounterVec::new(
+            Opts::new(
+                m("slow_steps_total"),
+                "Steps that exceeded the watchdog deadline (system.step_watchdog_s)",
+            ),
+            &["model"],
+        )?;
+        let failed_rows = IntCounterVec::new(
+            Opts::new(
+                m("failed_requests_total"),
+                "Requests a model failed (invalid logits, a failed step, the model going down)",
+            ),
+            &["model"],
+        )?;
         registry.register(Box::new(step_latency.clone()))?;
         registry.register(Box::new(batch_size.clone()))?;
         registry.register(Box::new(tokens.clone()))?;
@@ -115,6 +131,8 @@ impl EngineMetrics {
         registry.register(Box::new(threshold.clone()))?;
         registry.register(Box::new(predicted_throughput.clone()))?;
         registry.register(Box::new(active.clone()))?;
+        registry.register(Box::new(slow_steps.clone()))?;
+        registry.register(Box::new(failed_rows.clone()))?;
         Ok(Self {
             registry,
             step_latency,
@@ -128,6 +146,8 @@ impl EngineMetrics {
             threshold,
             predicted_throughput,
             active,
+            slow_steps,
+            failed_rows,
         })
     }
 

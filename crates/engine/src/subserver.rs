@@ -13,7 +13,9 @@ use std::time::Instant;
 use tokenrouter_api::{FinishReason, ModelIndex, TokenEvent};
 use tokenrouter_runtime::{Row, Runner, RuntimeError, Sampled, StepOptions};
 
+mod faults;
 mod shared;
+pub use faults::InjectedFaults;
 pub use shared::{BusyClock, Shared, StepSample};
 
 /// Messages into a sub-server.
@@ -48,6 +50,11 @@ pub struct SubServer {
     sample_limit: usize,
     max_batch: usize,
     shared: Arc<Shared>,
+    faults: InjectedFaults,
+    /// Set when a step panicked: the sub-server only fails what reaches it (`faults.rs`).
+    down: bool,
+    /// What `accept` produced while down, handed out by the next `step`.
+    down_out: Vec<Outbound>,
 }
 
 impl SubServer {
@@ -70,6 +77,34 @@ impl SubServer {
             sample_limit,
             max_batch: max_batch.max(1),
             shared,
+            faults: InjectedFaults::default(),
+            down: false,
+            down_out: Vec::new(),
+        }
+    }
+
+    /// Faults to inject into this model's steps (tests).
+    pub fn with_faults(mut self, faults: InjectedFaults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// `step`, with a panic contained: the sub-server goes down (its requests fail at once,
+    /// health says so) instead of taking the process's other requests with it.
+    pub fn step_guarded(&mut self, out: &mut Vec<Outbound>) -> bool {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(out)));
+        match result {
+            Ok(stepped) => stepped,
+            Err(payload) => {
+                let reason = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a step panicked".into());
+                self.down = true;
+                self.go_down(format!("a step panicked: {reason}"), out);
+                true
+            }
         }
     }
 
@@ -82,6 +117,9 @@ impl SubServer {
     }
 
     pub fn has_work(&self) -> bool {
+        if self.down {
+            return !self.down_out.is_empty();
+        }
         self.held() > 0
     }
 
@@ -110,6 +148,12 @@ impl SubServer {
     }
 
     pub fn accept(&mut self, msg: Inbound) {
+        if self.down {
+            let mut out = std::mem::take(&mut self.down_out);
+            self.accept_while_down(msg, &mut out);
+            self.down_out = out;
+            return;
+        }
         match msg {
             Inbound::Admit(mut req) => {
                 if let Some((from, _)) = req.handed_off {
@@ -161,6 +205,9 @@ impl SubServer {
             req.finish(r);
         }
         self.shared.active.fetch_sub(1, Ordering::SeqCst);
+        self.shared
+            .queued_prompt_tokens
+            .fetch_sub(req.prompt.len(), Ordering::SeqCst);
         self.shared.metrics.active.dec();
         out.push(Outbound::Done { rid: req.rid });
     }
@@ -344,6 +391,10 @@ impl SubServer {
 
     /// Run one step over the running batch. Returns whether a step ran.
     pub fn step(&mut self, out: &mut Vec<Outbound>) -> bool {
+        if self.down {
+            out.append(&mut self.down_out);
+            return false;
+        }
         self.reap_cancelled(out);
         self.admit(out);
         if self.running.is_empty() {
@@ -378,6 +429,16 @@ impl SubServer {
             .then(|| shared.cpu_turn.acquire());
         let started = Instant::now();
         let mark = self.shared.busy.begin(started);
+        self.shared.step_started_ms[self.idx].store(faults::now_ms(), Ordering::SeqCst);
+        let poison_first = match self.inject() {
+            Ok(p) => p,
+            Err(e) => {
+                self.shared.busy.end(mark, Instant::now(), 0.0);
+                self.step_ended(0.0);
+                self.fail_batch(RuntimeError::InvalidStep(e), out);
+                return true;
+            }
+        };
         let limit = self.sample_limit;
         let on_device = !self.runner.model().device().is_cpu()
             && self.needs.no_logits
@@ -417,12 +478,28 @@ impl SubServer {
                     .collect();
                 (sampled, None)
             } else {
-                let logits = output.logits_rows()?;
+                let mut logits = output.logits_rows()?;
+                if poison_first {
+                    if let Some(first) = logits.first_mut() {
+                        first.iter_mut().for_each(|x| *x = f32::NAN);
+                    }
+                }
+                // A row with NaN logits is not sampled (it fails alone, after the step).
                 let sampled = self
                     .running
                     .iter_mut()
                     .zip(&logits)
-                    .map(|(r, l)| r.sampler.sample(l, limit, r.top_logprobs))
+                    .map(|(r, l)| {
+                        if l[..limit.min(l.len())].iter().any(|x| x.is_nan()) {
+                            Sampled {
+                                token: 0,
+                                logprob: f32::NAN,
+                                top: Vec::new(),
+                            }
+                        } else {
+                            r.sampler.sample(l, limit, r.top_logprobs)
+                        }
+                    })
                     .collect::<Vec<_>>();
                 (sampled, Some(logits))
             };
@@ -432,6 +509,7 @@ impl SubServer {
         let ended = Instant::now();
         let elapsed = (ended - started).as_secs_f64();
         let busy = self.shared.busy.end(mark, ended, elapsed);
+        self.step_ended(elapsed);
         let (output, sampled, logits, entropy, top) = match result {
             Ok(r) => r,
             Err(e) => {
@@ -448,6 +526,11 @@ impl SubServer {
             .with_label_values(&[self.name()])
             .observe(batch as f64);
         if let Ok(mut log) = self.shared.latency_log.lock() {
+            // Drained by the online tuner; without one (or if it falls behind) only the
+            // latest samples are kept, so the log never grows without bound.
+            if log.len() >= shared::MAX_LATENCY_SAMPLES {
+                log.drain(..shared::MAX_LATENCY_SAMPLES / 2);
+            }
             log.push(StepSample {
                 model: self.idx,
                 batch,
@@ -469,6 +552,11 @@ impl SubServer {
 
     fn fail_batch(&mut self, e: RuntimeError, out: &mut Vec<Outbound>) {
         tracing::error!(model = self.name(), error = %e, "step failed");
+        self.shared
+            .metrics
+            .failed_rows
+            .with_label_values(&[self.name()])
+            .inc_by(self.running.len() as u64);
         for req in std::mem::take(&mut self.running) {
             req.fail(format!("model `{}` failed: {e}", self.name()));
             self.finish(req, None, out);
@@ -520,7 +608,17 @@ impl SubServer {
         // its request also sees everything the request's last step counted (the warm-up
         // resets the statistics when its requests end).
         let mut done = Vec::new();
+        let mut failed = Vec::new();
         for ((mut req, s), d) in running.into_iter().zip(sampled).zip(decisions) {
+            if s.logprob.is_nan() {
+                // This row's distribution is invalid: only its request fails.
+                req.fail(format!(
+                    "model `{}` produced invalid (NaN) logits for this request",
+                    self.name()
+                ));
+                failed.push(req);
+                continue;
+            }
             // A pinned request never leaves its model.
             let to = if req.pinned.is_some() {
                 None
@@ -577,6 +675,21 @@ impl SubServer {
         }
         for (req, reason) in done {
             self.finish(req, Some(reason), out);
+        }
+        if !failed.is_empty() {
+            tracing::error!(
+                model = self.name(),
+                rows = failed.len(),
+                "rows with NaN logits failed"
+            );
+            self.shared
+                .metrics
+                .failed_rows
+                .with_label_values(&[self.name()])
+                .inc_by(failed.len() as u64);
+        }
+        for req in failed {
+            self.finish(req, None, out);
         }
     }
 }

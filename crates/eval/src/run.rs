@@ -138,9 +138,20 @@ pub async fn run_variant(
         async move { (*p, ctx.client.chat(&variant.url, &p.messages, spec).await) }
     }))
     .buffer_unordered(ctx.concurrency.max(1));
-    let mut last_answer = start;
+    let timing_path = dir.join("_timing.json");
+    let mut timing: Timing = std::fs::read_to_string(&timing_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let before = timing.wall_s;
     while let Some((problem, answer)) = answers.next().await {
-        last_answer = Instant::now();
+        // Saved with every answer, so an interrupted run keeps the time it spent on the
+        // answers it kept.
+        timing.wall_s = before + start.elapsed().as_secs_f64();
+        write_atomic(
+            &timing_path,
+            &serde_json::to_vec(&timing).unwrap_or_default(),
+        )?;
         match answer {
             Ok(answer) => {
                 let problem = problem.clone();
@@ -160,23 +171,10 @@ pub async fn run_variant(
         }
     }
     drop(answers);
-    let wall = (last_answer - start).as_secs_f64();
     while let Some(done) = scoring.join_next().await {
         done.map_err(|e| EvalError::Other(format!("scoring task: {e}")))??;
     }
     bar.finish_and_clear();
-    let timing_path = dir.join("_timing.json");
-    let mut timing: Timing = std::fs::read_to_string(&timing_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
-    if !todo.is_empty() {
-        timing.wall_s += wall;
-        write_atomic(
-            &timing_path,
-            &serde_json::to_vec(&timing).unwrap_or_default(),
-        )?;
-    }
     let mut results = Vec::new();
     for p in problems {
         let path = result_path(&dir, &p.id);

@@ -25,6 +25,10 @@ pub struct ServerConfig {
     pub max_n: usize,
     /// Largest accepted `top_logprobs` (chat) / `logprobs` (completions).
     pub max_top_logprobs: usize,
+    /// Prompt text (bytes, all messages together) beyond this many per token of the
+    /// model's context is refused before tokenizing: no tokenizer produces fewer tokens, so
+    /// such a prompt could never fit, and refusing it costs nothing.
+    pub max_prompt_bytes_per_token: usize,
 }
 
 impl Default for ServerConfig {
@@ -37,6 +41,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             max_n: 16,
             max_top_logprobs: 20,
+            max_prompt_bytes_per_token: 64,
         }
     }
 }

@@ -32,6 +32,13 @@ pub enum ApiError {
     /// 404: no such route.
     #[error("no route for {0}")]
     RouteNotFound(String),
+    /// 400: the prompt text is too long to ever fit, refused before tokenizing.
+    #[error("the prompt has {bytes} bytes; at most {limit} are accepted for this model ({context_length} tokens of context)")]
+    PromptTooLong {
+        bytes: usize,
+        limit: usize,
+        context_length: usize,
+    },
     /// 405: the route exists, the method does not.
     #[error("{method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
@@ -68,13 +75,16 @@ impl ApiError {
             ApiError::InvalidJson { .. }
             | ApiError::InvalidParam { .. }
             | ApiError::MissingField(_)
+            | ApiError::PromptTooLong { .. }
             | ApiError::Text(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Submit(e) => match e {
-                SubmitError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+                SubmitError::QueueFull { .. } | SubmitError::PromptTokensFull { .. } => {
+                    StatusCode::TOO_MANY_REQUESTS
+                }
                 SubmitError::ContextTooLong { .. }
                 | SubmitError::InvalidRequest(_)
                 | SubmitError::InvalidField { .. } => StatusCode::BAD_REQUEST,
@@ -118,8 +128,10 @@ impl ApiError {
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::RouteNotFound(_) => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::PromptTooLong { .. } => "context_length_exceeded",
             ApiError::BodyTooLarge { .. } => "request_too_large",
             ApiError::Submit(SubmitError::QueueFull { .. }) => "queue_full",
+            ApiError::Submit(SubmitError::PromptTokensFull { .. }) => "queue_full",
             ApiError::Submit(SubmitError::ContextTooLong { .. }) => "context_length_exceeded",
             ApiError::Submit(SubmitError::InvalidRequest(_)) => "invalid_request",
             ApiError::Submit(SubmitError::InvalidField { .. }) => "invalid_value",
@@ -175,7 +187,20 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::warn!(error = %self, "request failed");
         }
-        (status, Json(self.body())).into_response()
+        let mut response = (status, Json(self.body())).into_response();
+        // Overload and unavailability are temporary: say when to come back.
+        let retry_after = match status {
+            StatusCode::TOO_MANY_REQUESTS => Some("1"),
+            StatusCode::SERVICE_UNAVAILABLE => Some("5"),
+            _ => None,
+        };
+        if let Some(v) = retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(v),
+            );
+        }
+        response
     }
 }
 

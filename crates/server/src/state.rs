@@ -105,6 +105,36 @@ impl AppState {
         }
     }
 
+    /// Tokenize prompt text for `model`, refusing text that could never fit before any work,
+    /// and off the async executor (a large prompt never stalls `/health` or other requests).
+    pub async fn encode_prompt(
+        &self,
+        text: String,
+        context_length: usize,
+    ) -> Result<Vec<u32>, ApiError> {
+        self.check_prompt_size(text.len(), context_length)?;
+        let backend = self.backend.clone();
+        tokio::task::spawn_blocking(move || backend.encode(&text))
+            .await
+            .map_err(|e| ApiError::Engine(format!("tokenizer task: {e}")))?
+            .map_err(ApiError::from)
+    }
+
+    /// The cheap size check of `encode_prompt`, for callers that render text first.
+    pub fn check_prompt_size(&self, bytes: usize, context_length: usize) -> Result<(), ApiError> {
+        let limit = context_length
+            .max(1)
+            .saturating_mul(self.config.max_prompt_bytes_per_token);
+        if bytes > limit {
+            return Err(ApiError::PromptTooLong {
+                bytes,
+                limit,
+                context_length,
+            });
+        }
+        Ok(())
+    }
+
     /// Rejects new work while shutting down.
     pub fn check_accepting(&self) -> Result<(), ApiError> {
         if self.lifecycle.is_draining() {

@@ -96,6 +96,14 @@ impl Backend for Engine {
     fn metrics_text(&self) -> String {
         self.inner.metrics.text()
     }
+
+    fn unhealthy(&self) -> Vec<(String, String)> {
+        self.inner
+            .shared
+            .get()
+            .map(|s| s.unhealthy())
+            .unwrap_or_default()
+    }
 }
 
 /// Most `logit_bias` entries a request may carry (OpenAI's limit).
@@ -229,22 +237,47 @@ impl Engine {
                 limit,
             });
         }
+        let tokens: usize = requests.iter().map(|r| r.prompt_ids.len()).sum();
+        let token_limit = self.inner.config.system.max_queued_prompt_tokens;
+        if let Err(queued) =
+            shared
+                .queued_prompt_tokens
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
+                    (q + tokens <= token_limit).then_some(q + tokens)
+                })
+        {
+            shared.active.fetch_sub(n, Ordering::SeqCst);
+            return Err(SubmitError::PromptTokensFull {
+                queued,
+                requested: tokens,
+                limit: token_limit,
+            });
+        }
         let tx = self.inner.to_exchange.lock().ok().and_then(|t| t.clone());
         let Some(tx) = tx else {
             shared.active.fetch_sub(n, Ordering::SeqCst);
+            shared
+                .queued_prompt_tokens
+                .fetch_sub(tokens, Ordering::SeqCst);
             return Err(SubmitError::NotReady("the engine is shutting down".into()));
         };
         let mut streams = Vec::with_capacity(n);
+        let mut unsent_tokens = tokens;
         for (i, request) in requests.into_iter().enumerate() {
+            let len = request.prompt_ids.len();
             let (req, stream) = self.build_req(request, text.eos_ids());
             self.inner.metrics.active.inc();
             if tx.send(ToExchange::Submit(Box::new(req))).is_err() {
                 // The loop is gone: this and the unsent ones were never admitted (the ones
                 // already sent end with the loop).
                 shared.active.fetch_sub(n - i, Ordering::SeqCst);
+                shared
+                    .queued_prompt_tokens
+                    .fetch_sub(unsent_tokens, Ordering::SeqCst);
                 self.inner.metrics.active.sub((n - i) as i64);
                 return Err(SubmitError::NotReady("the engine has stopped".into()));
             }
+            unsent_tokens -= len;
             streams.push(stream);
         }
         Ok(streams)
@@ -305,6 +338,20 @@ fn validate(request: &GenerateRequest, shared: &Shared) -> Result<(), SubmitErro
                 "no model with index {p}"
             )));
         }
+    }
+    // A routed request may visit every model; a pinned one only its own.
+    let visits: Vec<usize> = match request.pinned_model {
+        Some(p) => vec![p],
+        None => (0..shared.names.len()).collect(),
+    };
+    if let Some((m, reason)) = visits
+        .iter()
+        .find_map(|&m| shared.down_reason(m).map(|r| (m, r)))
+    {
+        return Err(SubmitError::NotReady(format!(
+            "model `{}` is down: {reason}",
+            shared.names[m]
+        )));
     }
     check_token_ids(request, shared.sample_limit)?;
     if let Some(tunables) = shared.tunables.get() {

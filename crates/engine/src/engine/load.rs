@@ -143,6 +143,7 @@ pub(super) fn load(
         shared_vocab.sample_limit,
         thresholds,
         metrics,
+        std::time::Duration::from_secs_f64(config.system.step_watchdog_s.clamp(0.001, 1e9)),
     ));
     let mut subs = Vec::new();
     let mut tunables = Vec::new();
@@ -175,14 +176,20 @@ pub(super) fn load(
         if idx == 0 {
             text = Some(Arc::new(lm.text));
         }
-        subs.push(SubServer::new(
-            idx,
-            runner,
-            policy,
-            shared_vocab.sample_limit,
-            config.system.max_batch_size,
-            shared.clone(),
-        ));
+        subs.push(
+            SubServer::new(
+                idx,
+                runner,
+                policy,
+                shared_vocab.sample_limit,
+                config.system.max_batch_size,
+                shared.clone(),
+            )
+            .with_faults(crate::subserver::InjectedFaults::for_model(
+                &config.system.fault_injection,
+                &m.name,
+            )),
+        );
     }
     let text = text.ok_or_else(|| EngineError::Start("no models".into()))?;
     let tunables =

@@ -5,7 +5,7 @@
 use crate::config::Threshold;
 use crate::metrics::EngineMetrics;
 use crate::tuner::TunedThresholds;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokenrouter_api::ModelIndex;
@@ -15,6 +15,8 @@ pub struct Shared {
     pub names: Vec<String>,
     /// Requests inside the engine (admitted, not finished).
     pub active: AtomicUsize,
+    /// Prompt tokens of the requests inside the engine (admission bound).
+    pub queued_prompt_tokens: AtomicUsize,
     /// Requests held by each model (waiting + running).
     pub held: Vec<AtomicUsize>,
     /// Whether each model is currently holding back a step (delayed batching).
@@ -45,7 +47,16 @@ pub struct Shared {
     pub cpu_turn: crate::turn::TurnLock,
     /// What a request may override in `"routing"`, set once the policies are built.
     pub tunables: std::sync::OnceLock<crate::routing_knob::Tunables>,
+    /// Why each model is down (its sub-server panicked), if it is.
+    pub down: Vec<Mutex<Option<String>>>,
+    /// When each model's current step started (ms since the epoch; 0: not stepping).
+    pub step_started_ms: Vec<std::sync::atomic::AtomicU64>,
+    /// Steps longer than this are reported.
+    pub step_watchdog: std::time::Duration,
 }
+
+/// Most step samples kept for the online tuner between its drains.
+pub const MAX_LATENCY_SAMPLES: usize = 4096;
 
 /// The number of models in a step, integrated over time: a step reads the integral when it
 /// starts and ends, which gives the mean number of models that were stepping meanwhile (itself
@@ -129,11 +140,13 @@ impl Shared {
         sample_limit: usize,
         thresholds: Vec<Threshold>,
         metrics: Arc<EngineMetrics>,
+        step_watchdog: std::time::Duration,
     ) -> Self {
         let n = names.len();
         Self {
             names,
             active: AtomicUsize::new(0),
+            queued_prompt_tokens: AtomicUsize::new(0),
             held: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             delaying: (0..n).map(|_| AtomicBool::new(false)).collect(),
             in_transit: AtomicUsize::new(0),
@@ -149,7 +162,40 @@ impl Shared {
             busy: BusyClock::default(),
             cpu_turn: crate::turn::TurnLock::default(),
             tunables: std::sync::OnceLock::new(),
+            down: (0..n).map(|_| Mutex::new(None)).collect(),
+            step_started_ms: (0..n)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+            step_watchdog,
         }
+    }
+
+    pub fn down_reason(&self, model: ModelIndex) -> Option<String> {
+        self.down.get(model)?.lock().ok()?.clone()
+    }
+
+    /// Models that cannot serve now, with why: down, or stuck in a step past the watchdog.
+    pub fn unhealthy(&self) -> Vec<(String, String)> {
+        let now = super::faults::now_ms();
+        let deadline = self.step_watchdog.as_millis() as u64;
+        (0..self.names.len())
+            .filter_map(|m| {
+                if let Some(reason) = self.down_reason(m) {
+                    return Some((self.names[m].clone(), format!("down: {reason}")));
+                }
+                let started = self.step_started_ms[m].load(Ordering::SeqCst);
+                (started > 0 && now.saturating_sub(started) > deadline).then(|| {
+                    (
+                        self.names[m].clone(),
+                        format!(
+                            "a step has been running for {:.1} s (watchdog {:.0} s)",
+                            now.saturating_sub(started) as f64 / 1000.0,
+                            self.step_watchdog.as_secs_f64()
+                        ),
+                    )
+                })
+            })
+            .collect()
     }
 
     pub fn threshold(&self, model: ModelIndex, active: usize) -> usize {

@@ -32,14 +32,40 @@ pub async fn chat_completions(
     };
     let logprobs = chat_logprobs(chat.logprobs, chat.top_logprobs, &state.config)?;
     let plan = GenerationPlan::new(common, model, max_tokens, logprobs, &state.config)?;
-    let prompt = render_prompt(
-        &state,
-        &chat.messages,
-        chat.add_generation_prompt.unwrap_or(true),
-        chat.chat_template_kwargs,
-        chat.tools,
-    )?;
-    let ids = state.backend.encode(&prompt)?;
+    let text_bytes: usize = chat
+        .messages
+        .iter()
+        .map(|m| match &m.content {
+            Some(MessageContent::Text(t)) => t.len(),
+            Some(MessageContent::Parts(p)) => p
+                .iter()
+                .filter_map(|x| x.text.as_ref())
+                .map(String::len)
+                .sum(),
+            None => 0,
+        })
+        .sum();
+    state.check_prompt_size(text_bytes, plan.model.context_length)?;
+    let messages = to_chat_messages(&chat.messages)?;
+    let (blocking_state, kwargs, tools) = (state.clone(), chat.chat_template_kwargs, chat.tools);
+    let add_generation_prompt = chat.add_generation_prompt.unwrap_or(true);
+    // Template and tokenizer run on the blocking pool: a large conversation never stalls
+    // the executor that answers `/health` and the other clients.
+    let ids = tokio::task::spawn_blocking(move || {
+        let prompt = render_messages(
+            &blocking_state,
+            &messages,
+            add_generation_prompt,
+            kwargs,
+            tools,
+        )?;
+        blocking_state
+            .backend
+            .encode(&prompt)
+            .map_err(ApiError::from)
+    })
+    .await
+    .map_err(|e| ApiError::Engine(format!("tokenizer task: {e}")))??;
     respond(&state, plan, Kind::Chat, vec![ids], arrival).await
 }
 
@@ -52,16 +78,38 @@ pub(crate) fn render_prompt(
     tools: Option<Vec<Value>>,
 ) -> Result<String, ApiError> {
     let messages = to_chat_messages(messages)?;
+    render_messages(state, &messages, add_generation_prompt, kwargs, tools)
+}
+
+/// Applies the chat template to already flattened messages.
+fn render_messages(
+    state: &AppState,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    kwargs: Option<Map<String, Value>>,
+    tools: Option<Vec<Value>>,
+) -> Result<String, ApiError> {
     let mut kwargs = kwargs.unwrap_or_default();
     if let Some(tools) = tools {
         kwargs.insert("tools".into(), Value::Array(tools));
     }
     Ok(state.backend.apply_chat_template(
-        &messages,
+        messages,
         add_generation_prompt,
         &Value::Object(kwargs),
     )?)
 }
+
+/// Roles a chat template may see (OpenAI's, plus `ipython` of Llama 3 templates).
+const KNOWN_ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+    "ipython",
+];
 
 /// Flattens OpenAI messages (string content, text parts, or null) into template messages.
 pub(crate) fn to_chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, ApiError> {
@@ -97,6 +145,16 @@ pub(crate) fn to_chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMe
                     text
                 }
             };
+            if !KNOWN_ROLES.contains(&m.role.as_str()) {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!(
+                        "unknown role `{}` (expected one of: {})",
+                        crate::error::truncate_for_echo(&m.role),
+                        KNOWN_ROLES.join(", ")
+                    ),
+                ));
+            }
             Ok(ChatMessage {
                 role: m.role.clone(),
                 content,

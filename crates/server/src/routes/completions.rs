@@ -33,12 +33,16 @@ pub async fn completions(
     let max_tokens = common.max_tokens.map(|m| (m, "max_tokens"));
     let logprobs = completion_logprobs(fields.logprobs, &state.config)?;
     let plan = GenerationPlan::new(common, model, max_tokens, logprobs, &state.config)?;
+    let context = plan.model.context_length;
     let prompts = match fields.prompt {
-        PromptField::Text(text) => vec![state.backend.encode(&text)?],
-        PromptField::Texts(texts) => texts
-            .iter()
-            .map(|t| state.backend.encode(t))
-            .collect::<Result<_, _>>()?,
+        PromptField::Text(text) => vec![state.encode_prompt(text, context).await?],
+        PromptField::Texts(texts) => {
+            let mut out = Vec::with_capacity(texts.len());
+            for t in texts {
+                out.push(state.encode_prompt(t, context).await?);
+            }
+            out
+        }
         PromptField::Tokens(ids) => vec![ids],
         PromptField::TokenBatches(batches) => batches,
     };

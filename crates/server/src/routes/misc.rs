@@ -14,10 +14,24 @@ use crate::state::AppState;
 pub async fn health(State(state): State<AppState>) -> Response {
     let (status, word) = if state.lifecycle.is_draining() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting_down")
-    } else if state.backend.is_ready() {
-        (StatusCode::OK, "ok")
-    } else {
+    } else if !state.backend.is_ready() {
         (StatusCode::SERVICE_UNAVAILABLE, "loading")
+    } else {
+        let unhealthy = state.backend.unhealthy();
+        if !unhealthy.is_empty() {
+            let models: serde_json::Map<String, serde_json::Value> = unhealthy
+                .into_iter()
+                .map(|(name, why)| (name, serde_json::Value::String(why)))
+                .collect();
+            let body = json!({ "status": "unhealthy", "models": models });
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "5")],
+                Json(body),
+            )
+                .into_response();
+        }
+        (StatusCode::OK, "ok")
     };
     (status, Json(json!({ "status": word }))).into_response()
 }

@@ -335,3 +335,79 @@ async fn engine_failure_is_500_or_an_error_event() {
     let err: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
     assert_eq!(error_of(&err)["code"], "engine_error");
 }
+
+#[tokio::test]
+async fn wrong_methods_are_405_openai_shaped() {
+    for (method, path) in [
+        ("GET", "/v1/chat/completions"),
+        ("PUT", "/v1/completions"),
+        ("DELETE", "/v1/chat/completions"),
+        ("POST", "/v1/models"),
+    ] {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let resp = send(app(&mock()), req).await;
+        assert_eq!(
+            resp.status(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path}"
+        );
+        let body: Value = serde_json::from_str(&text(resp).await).unwrap();
+        assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(method));
+    }
+}
+
+#[tokio::test]
+async fn unknown_roles_and_huge_prompts_are_400_before_any_work() {
+    expect_400(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "wizard", "content": "x"}]}),
+        Some("messages[0].role"),
+    )
+    .await;
+    let huge_role = "r".repeat(100_000);
+    let (status, resp) = post_json(
+        app(&mock()),
+        "/v1/chat/completions",
+        json!({"messages": [{"role": huge_role, "content": "x"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        resp.to_string().len() < 1000,
+        "a huge value is not echoed back whole"
+    );
+    // The mock's context is 512 tokens: 64 bytes per token at most, so 40 kB never fits.
+    let big = "a".repeat(40_000);
+    for (path, body) in [
+        ("/v1/chat/completions", chat_body(&big)),
+        ("/v1/completions", json!({"prompt": big})),
+    ] {
+        let (status, resp) = post_json(app(&mock()), path, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{resp}");
+        assert_eq!(resp["error"]["code"], "context_length_exceeded", "{resp}");
+    }
+    // A long model name is echoed truncated.
+    let (status, resp) = post_json(
+        app(&mock()),
+        "/v1/chat/completions",
+        json!({"model": "m".repeat(1_000_000), "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(resp.to_string().len() < 1000);
+}
+
+#[tokio::test]
+async fn float_fields_must_be_finite_as_f32() {
+    expect_400(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "x"}], "temperature": 3.5e38}),
+        Some("temperature"),
+    )
+    .await;
+}

@@ -5,6 +5,7 @@
 mod common;
 mod endpoints;
 mod errors;
+mod fuzz;
 mod mock;
 mod openai_client;
 mod shutdown;
