@@ -449,27 +449,24 @@ fn finish(
     plot::pareto_svg(&out.join("pareto.svg"), &summaries, rl.as_ref(), &title)?;
     let mut table = report::table(&summaries, rl.as_ref());
     table.push_str(&digest);
-    let calibration = match target {
-        None => None,
-        Some(t) => Some(match report::calibrate(&summaries, t) {
-            Ok(pick) => {
-                let kwargs: Vec<String> = pick
-                    .routing
-                    .iter()
-                    .map(|(k, v)| format!("{k}: {v}"))
-                    .collect();
-                format!(
-                    "target {}: {} (pass@1 {:.1}%, LLM share {:.1}%) -> scheduler_kwargs: {{{}}}",
-                    args.target.as_deref().unwrap_or(""),
-                    pick.variant,
-                    100.0 * pick.pass_at_1,
-                    100.0 * pick.llm_share.unwrap_or(0.0),
-                    kwargs.join(", ")
-                )
-            }
-            Err(e) => format!("target {}: {e}", args.target.as_deref().unwrap_or("")),
-        }),
-    };
+    let calibration = target.map(|t| match report::calibrate(&summaries, t) {
+        Ok(pick) => {
+            let kwargs: Vec<String> = pick
+                .routing
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+            format!(
+                "target {}: {} (pass@1 {:.1}%, LLM share {:.1}%) -> scheduler_kwargs: {{{}}}",
+                args.target.as_deref().unwrap_or(""),
+                pick.variant,
+                100.0 * pick.pass_at_1,
+                100.0 * pick.llm_share.unwrap_or(0.0),
+                kwargs.join(", ")
+            )
+        }
+        Err(e) => format!("target {}: {e}", args.target.as_deref().unwrap_or("")),
+    });
     let _ = writeln_time(&mut table, started);
     Ok(EvalOutcome {
         summaries,
