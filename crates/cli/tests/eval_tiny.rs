@@ -3,7 +3,8 @@
 //! shares), a JSONL dataset whose reference answers are the small model's greedy answers for
 //! half the problems and the large model's for the other half — so every pass@1, the oracle
 //! point and the shares are known in advance — then a resumed run. Also the knob itself:
-//! accepted, bounded, rejected with 400 naming the key.
+//! accepted, bounded, rejected with 400 naming the key; and an out-of-vocabulary prompt
+//! refused with 400 while the requests decoding beside it finish.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -191,6 +192,43 @@ async fn eval_runs_every_variant_and_resumes() {
     let mut default = base.clone();
     default["model"] = json!("default");
     assert_eq!(chat(&url, default).await.0, 200);
+
+    // An out-of-vocabulary prompt beside four decoding requests: it alone gets 400.
+    let client = reqwest::Client::new();
+    let decoding: Vec<_> = (0..4)
+        .map(|i| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let r = client
+                    .post(format!("{url}/v1/completions"))
+                    .json(&json!({"prompt": format!("count {i}"), "max_tokens": 64, "ignore_eos": true, "temperature": 0}))
+                    .send()
+                    .await
+                    .expect("send");
+                (r.status().as_u16(), r.json::<Value>().await.expect("json"))
+            })
+        })
+        .collect();
+    for bad in [
+        json!([1, 2, 999_999]),
+        json!([1, 2, 4_294_967_295u64]),
+        json!([1, 2, 287]),
+    ] {
+        let r = client
+            .post(format!("{url}/v1/completions"))
+            .json(&json!({"prompt": bad, "max_tokens": 8}))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status().as_u16(), 400, "{bad}");
+        let body: Value = r.json().await.expect("json");
+        assert_eq!(body["error"]["param"], "prompt", "{body}");
+    }
+    for d in decoding {
+        let (status, body) = d.await.expect("join");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["usage"]["completion_tokens"], 64, "{body}");
+    }
 
     // Problems 0-1 are answered as the small model answers them, 2-3 as the large one.
     let data = dir.path().join("data.jsonl");
