@@ -22,6 +22,8 @@ pub struct RequestSpec {
     pub top_logprobs: Option<usize>,
     /// Ask for tokenrouter's per-token details.
     pub token_details: bool,
+    /// The request's seed.
+    pub seed: u64,
 }
 
 /// One token of a tokenrouter answer: its text and the model that wrote it.
@@ -101,7 +103,9 @@ impl Client {
             "messages": messages,
             "max_tokens": spec.max_tokens,
             "temperature": spec.temperature,
-            "seed": 0,
+            // Per problem, so seeded random routing draws independent positions per request
+            // (greedy decoding does not depend on it).
+            "seed": spec.seed,
         });
         if !spec.stop.is_empty() {
             body["stop"] = json!(spec.stop);

@@ -129,13 +129,20 @@ pub async fn run_variant(
         routing: variant.routing.clone(),
         top_logprobs: (variant.role == Role::Small).then_some(20),
         token_details: matches!(variant.role, Role::Routed | Role::Random),
+        seed: 0,
     };
     let start = Instant::now();
     let mut scoring = tokio::task::JoinSet::new();
     let mut errors = Vec::new();
     let mut answers = stream::iter(todo.iter().map(|p| {
         let spec = &spec;
-        async move { (*p, ctx.client.chat(&variant.url, &p.messages, spec).await) }
+        async move {
+            let spec = RequestSpec {
+                seed: seed_of(&p.id),
+                ..spec.clone()
+            };
+            (*p, ctx.client.chat(&variant.url, &p.messages, &spec).await)
+        }
     }))
     .buffer_unordered(ctx.concurrency.max(1));
     let timing_path = dir.join("_timing.json");
@@ -239,6 +246,13 @@ async fn score(
         text_scorer => r.passed = score_text(text_scorer, &text).unwrap_or(false),
     }
     r
+}
+
+/// A stable seed per problem (FNV-1a of its id).
+fn seed_of(id: &str) -> u64 {
+    id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn result_path(dir: &Path, task_id: &str) -> PathBuf {
