@@ -284,21 +284,15 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
         large,
         routed_name
     );
-    let mut runs: Vec<(Variant, VariantRun)> = Vec::new();
-    let mut summaries = Vec::new();
+    let mut log = RunLog {
+        runs: Vec::new(),
+        summaries: Vec::new(),
+        large: large.clone(),
+        params,
+        out_dir: args.out_dir.clone(),
+    };
     for v in variants {
-        let r = run_one(
-            &ctx,
-            v,
-            &problems,
-            large.as_deref(),
-            &params,
-            &mut runs,
-            &mut summaries,
-            &args.out_dir,
-        )
-        .await?;
-        eprintln!("{r}");
+        log.run(&ctx, v, &problems).await?;
     }
     if let (true, Some(url)) = (wanted("random"), &args.random_url) {
         let model = args
@@ -306,7 +300,8 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
             .clone()
             .or_else(|| routed_name.clone())
             .ok_or_else(|| EvalError::Args("--random-model is needed".into()))?;
-        let shares: Vec<f64> = summaries
+        let shares: Vec<f64> = log
+            .summaries
             .iter()
             .filter(|s: &&VariantSummary| s.role == Role::Routed)
             .filter_map(|s| s.llm_share)
@@ -320,21 +315,10 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
                 model: model.clone(),
                 routing: [("p".to_string(), p)].into(),
             };
-            let r = run_one(
-                &ctx,
-                v,
-                &problems,
-                large.as_deref(),
-                &params,
-                &mut runs,
-                &mut summaries,
-                &args.out_dir,
-            )
-            .await?;
-            eprintln!("{r}");
+            log.run(&ctx, v, &problems).await?;
         }
     }
-    let outcome = finish(&args, &runs, summaries, target.as_ref(), started)?;
+    let outcome = finish(&args, &log.runs, log.summaries, target.as_ref(), started)?;
     Ok(outcome)
 }
 
@@ -348,44 +332,51 @@ fn pinned_variant(name: &str, role: Role, url: &str, model: &str) -> Variant {
     }
 }
 
-/// Run one variant, record it, rewrite `summary.json`; returns a one-line report.
-#[allow(clippy::too_many_arguments)]
-async fn run_one(
-    ctx: &RunContext,
-    v: Variant,
-    problems: &[dataset::Problem],
-    large: Option<&str>,
-    params: &BTreeMap<String, f64>,
-    runs: &mut Vec<(Variant, VariantRun)>,
-    summaries: &mut Vec<VariantSummary>,
-    out_dir: &Path,
-) -> Result<String, EvalError> {
-    let r = run::run_variant(ctx, &v, problems).await?;
-    for (id, e) in r.errors.iter().take(3) {
-        eprintln!("  {}: request for {id} failed: {e}", v.name);
-    }
-    let s = report::summarise(&v, &r, large, params);
-    let line = format!(
-        "{}: pass@1 {:.1}% ({}/{}), LLM share {}, {:.0} s, {:.1} tok/s{}",
-        s.variant,
-        100.0 * s.pass_at_1,
-        s.passed,
-        s.n,
-        s.llm_share
-            .map_or("unknown".into(), |x| format!("{:.1}%", 100.0 * x)),
-        s.wall_s,
-        s.output_tok_s,
-        if s.errors > 0 {
-            format!(", {} failed requests", s.errors)
-        } else {
-            String::new()
+/// The variants run so far, their summaries (rewritten to `summary.json` after each) and
+/// what summarising needs.
+struct RunLog {
+    runs: Vec<(Variant, VariantRun)>,
+    summaries: Vec<VariantSummary>,
+    large: Option<String>,
+    params: BTreeMap<String, f64>,
+    out_dir: PathBuf,
+}
+
+impl RunLog {
+    /// Run one variant, record it, rewrite `summary.json`, print a one-line report.
+    async fn run(
+        &mut self,
+        ctx: &RunContext,
+        v: Variant,
+        problems: &[dataset::Problem],
+    ) -> Result<(), EvalError> {
+        let r = run::run_variant(ctx, &v, problems).await?;
+        for (id, e) in r.errors.iter().take(3) {
+            eprintln!("  {}: request for {id} failed: {e}", v.name);
         }
-    );
-    summaries.push(s);
-    report::relate_to_large(summaries);
-    write_json(&out_dir.join("summary.json"), summaries)?;
-    runs.push((v, r));
-    Ok(line)
+        let s = report::summarise(&v, &r, self.large.as_deref(), &self.params);
+        eprintln!(
+            "{}: pass@1 {:.1}% ({}/{}), LLM share {}, {:.0} s, {:.1} tok/s{}",
+            s.variant,
+            100.0 * s.pass_at_1,
+            s.passed,
+            s.n,
+            s.llm_share
+                .map_or("unknown".into(), |x| format!("{:.1}%", 100.0 * x)),
+            s.wall_s,
+            s.output_tok_s,
+            if s.errors > 0 {
+                format!(", {} failed requests", s.errors)
+            } else {
+                String::new()
+            }
+        );
+        self.summaries.push(s);
+        report::relate_to_large(&mut self.summaries);
+        write_json(&self.out_dir.join("summary.json"), &self.summaries)?;
+        self.runs.push((v, r));
+        Ok(())
+    }
 }
 
 fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), EvalError> {
