@@ -1,7 +1,7 @@
 //! The `tokenrouter` binary: `serve` (OpenAI-compatible server over the routing engine),
 //! `generate` (quick raw completions), `fetch` (default models), `bench` (load generator),
 //! `bench-model` (runtime speed), `plan-batching` (delayed-batching planner), `eval`
-//! (routing quality).
+//! (routing quality), `train-router` (learned routers for a pair).
 
 mod device_bench;
 mod fused_check;
@@ -55,6 +55,9 @@ enum Command {
     /// Quality evaluation (HumanEval or your JSONL): small, large, routed sweep, random,
     /// request-level baselines, Pareto plot.
     Eval(tokenrouter_eval::EvalArgs),
+    /// Train a learned router (R2R's classifier) for a pair: `label`, then `fit`.
+    #[command(subcommand)]
+    TrainRouter(tokenrouter_train::TrainCommand),
 }
 
 #[derive(clap::Args)]
@@ -117,6 +120,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::BenchModel(a) => model_bench::run(a),
+        Command::TrainRouter(c) => Ok(tokenrouter_train::run(c)?),
         Command::Eval(a) => {
             let rt = tokio::runtime::Runtime::new()?;
             let outcome = rt.block_on(tokenrouter_eval::run(a))?;

@@ -23,6 +23,7 @@ mod backend;
 mod load;
 
 use load::load;
+pub use load::{load_config_models, ConfigModel};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

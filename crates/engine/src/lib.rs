@@ -17,4 +17,6 @@ pub mod turn;
 pub(crate) mod warmup;
 
 pub use config::{EngineConfig, Execution, Threshold};
-pub use engine::{Engine, EngineError, GenerateParams, Generation};
+pub use engine::{
+    load_config_models, ConfigModel, Engine, EngineError, GenerateParams, Generation,
+};

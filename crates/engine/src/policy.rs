@@ -176,8 +176,16 @@ pub struct PolicyContext {
 }
 
 impl PolicyContext {
-    /// A path from scheduler_kwargs, relative to the config file.
+    /// A path from scheduler_kwargs, relative to the config file; a leading
+    /// `$TOKENROUTER_CACHE/` stands for the tokenrouter cache (where trained routers live),
+    /// which is also found when the variable is unset (`~/.cache/tokenrouter`).
     pub fn resolve_path(&self, p: &str) -> PathBuf {
+        if let Some(rest) = p
+            .strip_prefix("$TOKENROUTER_CACHE/")
+            .or_else(|| p.strip_prefix("${TOKENROUTER_CACHE}/"))
+        {
+            return tokenrouter_fetch::default_cache_dir().join(rest);
+        }
         let p = Path::new(p);
         if p.is_absolute() {
             p.to_path_buf()

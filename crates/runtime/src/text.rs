@@ -21,7 +21,7 @@ const END_OF_GENERATION: &[&str] = &[
     "</s>",
 ];
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct Message {
     pub role: String,
     pub content: String,

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokenrouter_api::ModelInfo;
 use tokenrouter_runtime::{
-    check_shared_vocab, load_model, load_random_model, KvBudget, LoadOptions, TextModel,
+    check_shared_vocab, load_model, load_random_model, KvBudget, LoadOptions, LoadedModel,
+    SharedVocab, TextModel,
 };
 
 fn parse_device(spec: &str) -> Result<candle_core::Device, String> {
@@ -79,11 +80,19 @@ fn resolve_path(spec: &str, config_file: &Path) -> Result<PathBuf, String> {
         .map_err(|e| e.to_string())
 }
 
-pub(super) fn load(
+/// A model of a config, loaded: its name, the path it came from and its runner and text.
+pub struct ConfigModel {
+    pub name: String,
+    pub path: PathBuf,
+    pub model: LoadedModel,
+}
+
+/// Load every model of a config (devices, dtypes and paths resolved as the engine does)
+/// and check that they share one tokenizer. Used by the engine and by tools that need
+/// the runners themselves (router training).
+pub fn load_config_models(
     config: &EngineConfig,
-    metrics: Arc<EngineMetrics>,
-    registry: &Registry,
-) -> Result<Loaded, EngineError> {
+) -> Result<(Vec<ConfigModel>, SharedVocab), EngineError> {
     let models: Vec<NamedModel> = config.models()?;
     let mut loaded = Vec::new();
     for m in &models {
@@ -113,14 +122,39 @@ pub(super) fn load(
             load_model(&path, &opts)
         }
         .map_err(|e| err(e.to_string()))?;
-        loaded.push((m, path, lm));
+        loaded.push(ConfigModel {
+            name: m.name.clone(),
+            path,
+            model: lm,
+        });
     }
     let pairs: Vec<(&str, &TextModel, usize)> = loaded
         .iter()
-        .map(|(m, _, lm)| (m.name.as_str(), &lm.text, lm.runner.config().vocab_size))
+        .map(|c| {
+            (
+                c.name.as_str(),
+                &c.model.text,
+                c.model.runner.config().vocab_size,
+            )
+        })
         .collect();
     let shared_vocab = check_shared_vocab(&pairs)
         .map_err(|e| EngineError::Start(format!("{}: {e}", config.file.display())))?;
+    Ok((loaded, shared_vocab))
+}
+
+pub(super) fn load(
+    config: &EngineConfig,
+    metrics: Arc<EngineMetrics>,
+    registry: &Registry,
+) -> Result<Loaded, EngineError> {
+    let models: Vec<NamedModel> = config.models()?;
+    let (loaded, shared_vocab) = load_config_models(config)?;
+    let loaded: Vec<(&NamedModel, PathBuf, LoadedModel)> = models
+        .iter()
+        .zip(loaded)
+        .map(|(m, c)| (m, c.path, c.model))
+        .collect();
     let context_limit = loaded
         .iter()
         .map(|(_, _, lm)| lm.runner.max_len())

@@ -67,7 +67,16 @@ impl Weights {
     ) -> Result<Self, ConfigError> {
         let shown = path.display();
         if let Err(e) = std::fs::metadata(path) {
-            return Err(site.err(key, format!("cannot read router weights {shown}: {e}")));
+            // A trained router that was never made: say which commands make one.
+            let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                "; train one for this pair with `tokenrouter train-router label --config PAIR.yaml --prompts FILE.jsonl --out DIR` then `tokenrouter train-router fit --data DIR --out ROUTER_DIR` (README: Training a router)"
+            } else {
+                ""
+            };
+            return Err(site.err(
+                key,
+                format!("cannot read router weights {shown}: {e}{hint}"),
+            ));
         }
         let ext = path
             .extension()

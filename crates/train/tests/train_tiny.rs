@@ -1,0 +1,412 @@
+//! Router training end to end on a tiny synthetic pair: labels against a brute-force
+//! recomputation, resumption, bad inputs, a planted signal learnt to AUC >= 0.95,
+//! reproducibility by seed, and the written router loaded by the `r2r` method with the
+//! trainer's probabilities, then served.
+
+use candle_core::{Device, Tensor};
+use half::f16;
+use rand::{Rng, SeedableRng};
+use std::path::{Path, PathBuf};
+use tokenrouter_engine::methods::r2r::R2rNet;
+use tokenrouter_engine::methods::router_net::{Site, Weights};
+use tokenrouter_runtime::synth::{write_hf_dir, SynthSpec};
+use tokenrouter_runtime::{load_model, Arch, KvBudget, LoadOptions, Row, StepOptions};
+use tokenrouter_train::fit::{self, FitArgs};
+use tokenrouter_train::label::{self, LabelArgs};
+use tokenrouter_train::prompts::{encode, read_prompts};
+use tokenrouter_train::shard::{self, Features};
+
+struct Pair {
+    dir: tempfile::TempDir,
+    small: PathBuf,
+    large: PathBuf,
+}
+
+fn pair() -> Pair {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = SynthSpec::tiny(Arch::Qwen2, 31);
+    s.scale = 0.4;
+    // The same network at another scale: the two agree on some tokens and not on others,
+    // like a real pair.
+    let mut l = SynthSpec::tiny(Arch::Qwen2, 31);
+    l.scale = 0.5;
+    let small = write_hf_dir(&s, &dir.path().join("small")).unwrap();
+    let large = write_hf_dir(&l, &dir.path().join("large")).unwrap();
+    Pair { dir, small, large }
+}
+
+fn pair_config(p: &Pair, large: &Path, extra_small: &str) -> PathBuf {
+    let yaml = format!(
+        "model:\n  quick:\n    model_path: {}\n    kv_cache_tokens: 4096\n{extra_small}  reference:\n    model_path: {}\n    kv_cache_tokens: 4096\nsystem:\n  entry_model: quick\n",
+        p.small.display(),
+        large.display()
+    );
+    let file = p
+        .dir
+        .path()
+        .join(format!("pair-{}.yaml", extra_small.len()));
+    std::fs::write(&file, yaml).unwrap();
+    file
+}
+
+fn write_prompts(dir: &Path, n: usize) -> PathBuf {
+    let path = dir.join("prompts.jsonl");
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            serde_json::json!({"prompt": format!("def f{i}(a, b):\n    return a + {i} * b")})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    path
+}
+
+fn label_args(config: PathBuf, prompts: PathBuf, out: PathBuf) -> LabelArgs {
+    LabelArgs {
+        config,
+        prompts,
+        out,
+        raw: true,
+        max_tokens: 10,
+        max_prompt_tokens: 1024,
+        batch: 3,
+        shard_size: 2,
+        top_k: 8,
+        limit: None,
+        no_progress: true,
+    }
+}
+
+fn opts() -> LoadOptions {
+    LoadOptions {
+        device: Device::Cpu,
+        kv: KvBudget::Tokens(4096),
+        dtype: candle_core::DType::F32,
+    }
+}
+
+fn close(a: f16, b: f32) -> bool {
+    (a.to_f32() - b).abs() <= 2e-3 * (1.0 + b.abs())
+}
+
+#[test]
+fn labels_equal_a_brute_force_recomputation_and_resume() {
+    let p = pair();
+    let cfg = pair_config(&p, &p.large, "");
+    let prompts = write_prompts(p.dir.path(), 5);
+    let out = p.dir.path().join("labels");
+    let a = label_args(cfg, prompts.clone(), out.clone());
+    let stats = label::run(&a).unwrap();
+    println!("{}", stats.summary());
+    assert_eq!(stats.prompts, 5);
+    assert!(stats.mismatches > 0 && stats.mismatches < stats.positions);
+    assert_eq!(stats.shards_resumed, 0);
+    let f = fit::load_dir(&out).unwrap();
+    assert_eq!(f.len(), stats.positions);
+    assert_eq!(f.positives(), stats.mismatches);
+
+    // Brute force: one sequence at a time, every prefix from scratch.
+    let mut small = load_model(&p.small, &opts()).unwrap();
+    let mut large = load_model(&p.large, &opts()).unwrap();
+    let limit = small.text.vocab_len();
+    let eos = small.text.eos_ids().to_vec();
+    let mut row = 0;
+    let mut seq = 1000;
+    for (i, prompt) in read_prompts(&prompts, true).unwrap().iter().enumerate() {
+        let ids = encode(prompt, &small.text).unwrap();
+        // The large model's greedy answer, one token per step.
+        let mut answer = Vec::new();
+        seq += 1;
+        let mut feed = ids.clone();
+        while answer.len() < 10 {
+            let o = large
+                .runner
+                .step(&[Row::new(seq, feed)], StepOptions::default())
+                .unwrap();
+            let t = o.greedy_rows(limit).unwrap()[0].0;
+            answer.push(t);
+            if eos.contains(&t) {
+                break;
+            }
+            feed = vec![t];
+        }
+        large.runner.free(seq);
+        for (j, &want_large) in answer.iter().enumerate() {
+            seq += 1;
+            let mut prefix = ids.clone();
+            prefix.extend_from_slice(&answer[..j]);
+            let o = small
+                .runner
+                .step(
+                    &[Row::new(seq, prefix)],
+                    StepOptions {
+                        want_hidden: true,
+                        all_logits: false,
+                    },
+                )
+                .unwrap();
+            small.runner.free(seq);
+            let tok = o.greedy_rows(limit).unwrap()[0].0;
+            let top = &o.top_logits_rows(limit, 8).unwrap()[0];
+            let h = o.hidden.unwrap().to_vec2::<f32>().unwrap().remove(0);
+            let e = small
+                .runner
+                .model()
+                .embed_tokens(&[tok])
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap()
+                .remove(0);
+            assert_eq!(f.prompt[row], i as u32);
+            assert_eq!(f.position[row], j as u32);
+            assert_eq!(f.large_token[row], want_large, "prompt {i} position {j}");
+            assert_eq!(f.small_token[row], tok, "prompt {i} position {j}");
+            assert_eq!(f.label[row], (tok != want_large) as u8);
+            let hs = &f.hidden[row * f.hidden_size..(row + 1) * f.hidden_size];
+            assert!(
+                hs.iter().zip(&h).all(|(a, b)| close(*a, *b)),
+                "hidden at {i}/{j}"
+            );
+            let es = &f.embed[row * f.embed_size..(row + 1) * f.embed_size];
+            assert!(
+                es.iter().zip(&e).all(|(a, b)| close(*a, *b)),
+                "embedding at {i}/{j}"
+            );
+            let ts = &f.top[row * 8..(row + 1) * 8];
+            assert!(
+                ts.iter().zip(top).all(|(a, b)| close(*a, *b)),
+                "top logits at {i}/{j}"
+            );
+            row += 1;
+        }
+    }
+    assert_eq!(row, f.len(), "every position and no other");
+
+    // Resuming finds every shard; a deleted shard is rebuilt identically.
+    let again = label::run(&a).unwrap();
+    assert_eq!(
+        (again.shards_resumed, again.positions),
+        (3, stats.positions)
+    );
+    let s1 = shard::shard_path(&out, 1);
+    let bytes = std::fs::read(&s1).unwrap();
+    std::fs::remove_file(&s1).unwrap();
+    let third = label::run(&a).unwrap();
+    assert_eq!(third.shards_resumed, 2);
+    assert_eq!(std::fs::read(&s1).unwrap(), bytes);
+    // Other inputs in the same directory are refused.
+    let other = LabelArgs {
+        max_tokens: 11,
+        ..a.clone()
+    };
+    assert!(label::run(&other)
+        .unwrap_err()
+        .to_string()
+        .contains("other inputs"));
+    // A missing shard stops `fit` with the command that resumes.
+    std::fs::remove_file(&s1).unwrap();
+    let e = fit::load_dir(&out).unwrap_err().to_string();
+    assert!(e.contains("resume"), "{e}");
+    // A corrupt shard is a clear error.
+    std::fs::write(&s1, b"not safetensors").unwrap();
+    assert!(fit::load_dir(&out)
+        .unwrap_err()
+        .to_string()
+        .contains("not a label shard"));
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let p = pair();
+    let cfg = pair_config(&p, &p.large, "");
+    let empty = p.dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    let e = label::run(&label_args(cfg.clone(), empty, p.dir.path().join("o1")))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("holds no prompts"), "{e}");
+    // A large model whose token table differs from the small one's.
+    let c_dir = p.dir.path().join("other");
+    write_hf_dir(&SynthSpec::tiny(Arch::Qwen3, 33), &c_dir).unwrap();
+    let tok_path = c_dir.join("tokenizer.json");
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tok_path).unwrap()).unwrap();
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    let (a_id, b_id) = (vocab["A"].clone(), vocab["B"].clone());
+    vocab.insert("A".into(), b_id);
+    vocab.insert("B".into(), a_id);
+    std::fs::write(&tok_path, tok.to_string()).unwrap();
+    let bad = pair_config(&p, &c_dir, "    dtype: f32\n");
+    let prompts = write_prompts(p.dir.path(), 2);
+    let e = label::run(&label_args(bad, prompts, p.dir.path().join("o2")))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("reference"), "{e}");
+    // Not a label directory.
+    let e = fit::run(&FitArgs::new(
+        p.dir.path().join("nothing"),
+        p.dir.path().join("r"),
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("not a label directory"), "{e}");
+}
+
+/// Labelled features whose label is a known function of the inputs.
+fn planted(dir: &Path, prompts: usize, per_prompt: usize, hidden: usize, k: usize) -> Features {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let mut f = Features::new(hidden, hidden, k);
+    for pi in 0..prompts {
+        for j in 0..per_prompt {
+            let h: Vec<f32> = (0..hidden).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let e: Vec<f32> = (0..hidden).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut top: Vec<f32> = (0..k).map(|_| rng.random_range(0.0..10.0)).collect();
+            top.sort_by(|a, b| b.total_cmp(a));
+            // Routed when the hidden state leans one way and the embedding the other.
+            let y = h[0] + h[1] - e[2] > 0.9;
+            f.hidden.extend(h.iter().map(|&v| f16::from_f32(v)));
+            f.embed.extend(e.iter().map(|&v| f16::from_f32(v)));
+            f.top.extend(top.iter().map(|&v| f16::from_f32(v)));
+            f.small_token.push(j as u32);
+            f.large_token.push(if y { j as u32 + 1 } else { j as u32 });
+            f.label.push(y as u8);
+            f.prompt.push(pi as u32);
+            f.position.push(j as u32);
+        }
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    shard::write(&shard::shard_path(dir, 0), &f).unwrap();
+    let meta = serde_json::json!({"prompts": prompts, "shard_size": prompts});
+    std::fs::write(dir.join(label::META_FILE), meta.to_string()).unwrap();
+    f
+}
+
+fn small_fit(data: &Path, out: &Path, epochs: usize, seed: u64) -> FitArgs {
+    FitArgs {
+        width: 32,
+        blocks: 2,
+        epochs,
+        patience: 4,
+        batch: 64,
+        seed,
+        target_share: Some(0.2),
+        ..FitArgs::new(data, out)
+    }
+}
+
+#[test]
+fn planted_signal_is_learnt_reproducibly_and_loads_through_r2r() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("planted");
+    let f = planted(&data, 120, 25, 16, 6);
+    let a = small_fit(&data, &dir.path().join("r1"), 25, 3);
+    let report = fit::run(&a).unwrap();
+    assert!(
+        report.heldout_auc >= 0.95,
+        "held-out AUC {}",
+        report.heldout_auc
+    );
+    assert!(
+        (report.at_threshold.share - 0.2).abs() < 0.02,
+        "{:?}",
+        report.at_threshold
+    );
+
+    // Same seed, identical weights; another seed, other weights.
+    let (n1, _) = fit::fit(&small_fit(&data, dir.path().join("x").as_path(), 2, 5), &f).unwrap();
+    let (n2, _) = fit::fit(&small_fit(&data, dir.path().join("x").as_path(), 2, 5), &f).unwrap();
+    let (n3, _) = fit::fit(&small_fit(&data, dir.path().join("x").as_path(), 2, 6), &f).unwrap();
+    assert_eq!(n1.weight_bytes().unwrap(), n2.weight_bytes().unwrap());
+    assert_ne!(n1.weight_bytes().unwrap(), n3.weight_bytes().unwrap());
+
+    // The written file through the r2r method's loader: same probabilities.
+    let path = a.out.join("router.safetensors");
+    let site = Site {
+        model: "quick".into(),
+        config_file: dir.path().join("c.yaml"),
+    };
+    let w = Weights::load(&path, &Device::Cpu, &site, "model_path").unwrap();
+    let net = R2rNet::from_weights(&w).unwrap();
+    let rows: Vec<usize> = (0..300).collect();
+    let (h, e, t, _) = fit::batch(&f, &rows).unwrap();
+    let served = net.forward(&h, &e, &t).unwrap();
+    let (trained, _) = fit::fit(&a, &f).unwrap();
+    let ours = fit::predict(&trained, &f, &rows).unwrap();
+    let worst = served
+        .iter()
+        .zip(&ours)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= 1e-5, "largest difference {worst}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(a.out.join("router.json")).unwrap()).unwrap();
+    assert_eq!(
+        meta["model_type"],
+        "HiddenStatesTokenLMHeadLogitsClassifier"
+    );
+    let written = meta["common_args"]["threshold"].as_f64().unwrap();
+    assert!((written - report.at_threshold.threshold).abs() < 1e-12);
+    let _ = Tensor::zeros(1, candle_core::DType::F32, &Device::Cpu);
+}
+
+#[test]
+fn a_router_trained_on_the_tiny_pair_serves_through_r2r() {
+    use std::time::Duration;
+    use tokenrouter_api::{Backend, GenerateEvent, GenerateRequest, SamplingParams};
+    let p = pair();
+    let cfg = pair_config(&p, &p.large, "");
+    let prompts = write_prompts(p.dir.path(), 24);
+    let labels = p.dir.path().join("labels");
+    let mut a = label_args(cfg, prompts, labels.clone());
+    a.shard_size = 8;
+    a.top_k = 100;
+    label::run(&a).unwrap();
+    let router = p.dir.path().join("router");
+    let mut fa = small_fit(&labels, &router, 3, 1);
+    fa.holdout = 0.3;
+    let report = fit::run(&fa).unwrap();
+    let served_cfg = pair_config(
+        &p,
+        &p.large,
+        &format!(
+            "    scheduler_class: r2r_slm\n    scheduler_kwargs: {{model_path: {}}}\n",
+            router.join("router.safetensors").display()
+        ),
+    );
+    let e = tokenrouter_engine::Engine::start(
+        tokenrouter_engine::EngineConfig::from_file(&served_cfg).unwrap(),
+    )
+    .unwrap();
+    e.wait_ready(Duration::from_secs(60)).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ended = rt.block_on(async {
+        let mut s = e
+            .submit(GenerateRequest {
+                prompt_ids: vec![5, 6, 7, 8],
+                sampling: SamplingParams {
+                    temperature: 0.0,
+                    ..Default::default()
+                },
+                max_tokens: 12,
+                stop_token_ids: vec![],
+                ignore_eos: true,
+                pinned_model: None,
+                top_logprobs: 0,
+                routing: tokenrouter_api::RoutingOverrides(
+                    [("threshold".to_string(), report.at_threshold.threshold)].into(),
+                ),
+            })
+            .unwrap();
+        let mut tokens = 0;
+        while let Some(ev) = s.events.recv().await {
+            match ev {
+                GenerateEvent::Token(_) => tokens += 1,
+                GenerateEvent::Finished { .. } => return tokens,
+                GenerateEvent::Error(err) => panic!("{err}"),
+            }
+        }
+        panic!("no finish")
+    });
+    assert_eq!(ended, 12);
+    e.shutdown();
+}
