@@ -248,11 +248,13 @@ async fn score(
     r
 }
 
-/// A stable seed per problem (FNV-1a of its id).
+/// A stable seed per problem (FNV-1a of its id), within 63 bits: OpenAI's `seed` is an
+/// int64, and servers (ours included) refuse larger values.
 fn seed_of(id: &str) -> u64 {
-    id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    });
+    h & (i64::MAX as u64)
 }
 
 fn result_path(dir: &Path, task_id: &str) -> PathBuf {
@@ -284,4 +286,20 @@ fn progress_bar(show: bool, n: usize, name: &str) -> indicatif::ProgressBar {
     bar.set_prefix(name.to_string());
     bar.enable_steady_tick(Duration::from_millis(500));
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::seed_of;
+
+    #[test]
+    fn seeds_are_stable_int64s() {
+        // HumanEval/0 hashes above 2^63; every seed must still be a valid OpenAI int64.
+        for i in 0..164 {
+            let s = seed_of(&format!("HumanEval/{i}"));
+            assert!(s <= i64::MAX as u64, "HumanEval/{i}: {s}");
+        }
+        assert_eq!(seed_of("HumanEval/1"), seed_of("HumanEval/1"));
+        assert_ne!(seed_of("HumanEval/1"), seed_of("HumanEval/2"));
+    }
 }

@@ -5,7 +5,7 @@
 
 use crate::label::META_FILE;
 use crate::metrics::{at_threshold, auc, choose_threshold, AtThreshold, ThresholdTarget};
-use crate::net::{NetSpec, TrainNet};
+use crate::net::{Head, NetSpec, TrainNet};
 use crate::shard::{self, Features};
 use crate::{Result, TrainError};
 use candle_core::{Device, Tensor};
@@ -31,7 +31,11 @@ pub struct FitArgs {
     /// Choose the largest threshold with at least this held-out recall (R2R: 0.95).
     #[arg(long)]
     pub target_recall: Option<f64>,
-    /// Width of the residual MLP.
+    /// The router to train: r2r (hidden state, token embedding, top-k logits), citer (MLP
+    /// with BatchNorm on the hidden state) or collm (linear deferral on the hidden state).
+    #[arg(long, value_enum, default_value = "r2r")]
+    pub head: Head,
+    /// Width of the residual MLP (r2r).
     #[arg(long, default_value_t = 256)]
     pub width: usize,
     #[arg(long, default_value_t = 3)]
@@ -74,6 +78,7 @@ impl FitArgs {
             out: out.into(),
             target_share: None,
             target_recall: None,
+            head: Head::R2r,
             width: 256,
             blocks: 3,
             expansion: 4,
@@ -95,6 +100,9 @@ impl FitArgs {
 /// What fitting produced.
 #[derive(Debug, serde::Serialize)]
 pub struct FitReport {
+    pub head: Head,
+    /// The threshold as the method reads it (CITER: route below it; others: at or above).
+    pub method_threshold: f64,
     pub train_positions: usize,
     pub heldout_positions: usize,
     pub train_positive_rate: f64,
@@ -126,6 +134,14 @@ impl FitReport {
             self.at_threshold.precision,
             self.at_threshold.recall,
             100.0 * self.at_threshold.share
+        ) + &format!(
+            "\nscheduler_class: {}_slm, scheduler_kwargs: {{model_path: router.safetensors, threshold: {:.6}}}",
+            match self.head {
+                Head::R2r => "r2r",
+                Head::Citer => "citer",
+                Head::Collm => "collm",
+            },
+            self.method_threshold
         )
     }
 }
@@ -188,15 +204,24 @@ pub fn batch(f: &Features, rows: &[usize]) -> Result<(Tensor, Tensor, Tensor, Te
     ))
 }
 
-/// Mean BCE-with-logits, positives weighted by `pos_weight`:
-/// pw·y·softplus(-x) + (1-y)·softplus(x), with softplus(x) = relu(x) + ln(1 + e^-|x|).
-fn weighted_bce(x: &Tensor, y: &Tensor, pos_weight: f64) -> candle_core::Result<Tensor> {
+/// Mean BCE-with-logits with class weights:
+/// w1·y·softplus(-x) + w0·(1-y)·softplus(x), with softplus(x) = relu(x) + ln(1 + e^-|x|).
+fn weighted_bce(x: &Tensor, y: &Tensor, w1: f64, w0: f64) -> candle_core::Result<Tensor> {
     let softplus = |v: &Tensor| -> candle_core::Result<Tensor> {
         v.relu()? + v.abs()?.neg()?.exp()?.affine(1.0, 1.0)?.log()?
     };
-    let pos = (y * softplus(&x.neg()?)?)?.affine(pos_weight, 0.0)?;
-    let neg = (y.affine(-1.0, 1.0)? * softplus(x)?)?;
+    let pos = (y * softplus(&x.neg()?)?)?.affine(w1, 0.0)?;
+    let neg = (y.affine(-1.0, 1.0)? * softplus(x)?)?.affine(w0, 0.0)?;
     (pos + neg)?.mean_all()
+}
+
+/// The routing score of a network output: P(route) (CITER's P(fine) turned around).
+fn route_scores(head: Head, p: Vec<f32>) -> Vec<f32> {
+    if head.scores_keeping() {
+        p.into_iter().map(|p| 1.0 - p).collect()
+    } else {
+        p
+    }
 }
 
 /// Probabilities of some rows (no dropout).
@@ -239,6 +264,7 @@ pub fn fit(a: &FitArgs, f: &Features) -> Result<(TrainNet, FitReport)> {
     }
     let pos_weight = (train.len() - train_pos) as f64 / train_pos as f64 * a.recall_factor;
     let spec = NetSpec {
+        head: a.head,
         hidden_size: f.hidden_size,
         embed_size: f.embed_size,
         top_k: f.top_k,
@@ -273,12 +299,18 @@ pub fn fit(a: &FitArgs, f: &Features) -> Result<(TrainNet, FitReport)> {
         for rows in order.chunks(a.batch) {
             let (h, e, t, y) = batch(f, rows)?;
             let x = net.forward(&h, &e, &t, Some(&mut rng))?;
-            let loss = weighted_bce(&x, &y, pos_weight)?;
+            // CITER predicts that the token is fine: its target is the other class, and
+            // the rare class (a disagreement) is still the one weighted up.
+            let loss = if a.head.scores_keeping() {
+                weighted_bce(&x, &y.affine(-1.0, 1.0)?, 1.0, pos_weight)?
+            } else {
+                weighted_bce(&x, &y, pos_weight, 1.0)?
+            };
             opt.backward_step(&loss)?;
             loss_sum += loss.to_scalar::<f32>()? as f64 * rows.len() as f64;
         }
         epochs_run = epoch;
-        let scores = predict(&net, f, &held)?;
+        let scores = route_scores(a.head, predict(&net, f, &held)?);
         let held_auc = auc(&scores, &held_y).unwrap_or(0.5);
         bar.set_message(format!(
             "epoch {epoch}: train loss {:.4}, held-out AUC {held_auc:.4}",
@@ -294,7 +326,7 @@ pub fn fit(a: &FitArgs, f: &Features) -> Result<(TrainNet, FitReport)> {
     }
     bar.finish_and_clear();
     net.restore(&best.2)?;
-    let scores = predict(&net, f, &held)?;
+    let scores = route_scores(a.head, predict(&net, f, &held)?);
     let target = match (a.target_share, a.target_recall) {
         (Some(s), _) => ThresholdTarget::Share(s),
         (None, Some(r)) => ThresholdTarget::Recall(r),
@@ -302,6 +334,13 @@ pub fn fit(a: &FitArgs, f: &Features) -> Result<(TrainNet, FitReport)> {
     };
     let threshold = choose_threshold(&scores, &held_y, target);
     let report = FitReport {
+        head: a.head,
+        method_threshold: if a.head.scores_keeping() {
+            // Route iff 1 - p >= t, i.e. p <= 1 - t; CITER routes iff p < threshold.
+            1.0 - threshold + 1e-7
+        } else {
+            threshold
+        },
         train_positions: train.len(),
         heldout_positions: held.len(),
         train_positive_rate: train_pos as f64 / train.len() as f64,
@@ -326,6 +365,6 @@ pub fn run(a: &FitArgs) -> Result<FitReport> {
     let f = load_dir(&a.data)?;
     let (net, report) = fit(a, &f)?;
     let training = serde_json::to_value(&report).unwrap_or_default();
-    net.save(&a.out, report.at_threshold.threshold, training)?;
+    net.save(&a.out, report.method_threshold, training)?;
     Ok(report)
 }

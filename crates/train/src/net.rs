@@ -1,7 +1,9 @@
-//! R2R's router (`HiddenStatesTokenLMHeadLogitsClassifier`) as a trainable candle network:
-//! the same tensors under the same names as the `r2r` method loads (PyTorch `[out, in]`
-//! weights), initialised like PyTorch's `nn.Linear` from a seeded generator so that a seed
-//! gives identical weights, with dropout masks from that generator too.
+//! The learned routers as trainable candle networks: R2R's classifier
+//! (`HiddenStatesTokenLMHeadLogitsClassifier`), CITER's confidence MLP and Co-LLM's
+//! deferral head — the same tensors under the same names as the `r2r`, `citer` and `collm`
+//! methods load (PyTorch `[out, in]` weights), initialised like PyTorch's `nn.Linear` from
+//! a seeded generator so that a seed gives identical weights, with dropout masks from that
+//! generator too.
 
 use crate::{Result, TrainError};
 use candle_core::{DType, Device, Tensor, Var, D};
@@ -13,9 +15,32 @@ use std::path::Path;
 /// The class name R2R's files carry (what the `r2r` method checks).
 pub const MODEL_TYPE: &str = "HiddenStatesTokenLMHeadLogitsClassifier";
 
+/// Which router is trained (all read the features `label` stores).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Head {
+    /// R2R: hidden state, token embedding and top-k logits; p = P(route).
+    R2r,
+    /// CITER: an MLP with BatchNorm on the hidden state; p = P(the small token is fine).
+    Citer,
+    /// Co-LLM: one linear deferral unit on the hidden state; p = P(defer).
+    Collm,
+}
+
+impl Head {
+    /// Whether the network's probability is that of *keeping* the token (CITER), so that
+    /// routing happens below a threshold instead of at or above it.
+    pub fn scores_keeping(self) -> bool {
+        self == Head::Citer
+    }
+}
+
 /// The network's sizes.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NetSpec {
+    pub head: Head,
     /// Width of the small model's hidden state (and of the top-k projection).
     pub hidden_size: usize,
     /// Width of the token embedding (the small model's input embedding).
@@ -39,7 +64,12 @@ pub struct TrainNet {
     pub spec: NetSpec,
     vars: Vec<(String, Var)>,
     index: HashMap<String, usize>,
+    /// BatchNorm running statistics (CITER): not trained, updated by training steps.
+    buffers: std::cell::RefCell<Vec<(String, Tensor)>>,
 }
+
+/// PyTorch's BatchNorm1d momentum for the running statistics.
+const BN_MOMENTUM: f64 = 0.1;
 
 impl TrainNet {
     /// Fresh weights: Linear weights and biases uniform in ±1/sqrt(fan_in) (PyTorch's
@@ -61,8 +91,34 @@ impl TrainNet {
             spec: spec.clone(),
             vars: Vec::new(),
             index: HashMap::new(),
+            buffers: std::cell::RefCell::new(Vec::new()),
         };
         let (h, e, k, d) = (spec.hidden_size, spec.embed_size, spec.top_k, spec.width);
+        match spec.head {
+            Head::R2r => {}
+            Head::Collm => {
+                net.linear(&mut rng, "deferral", h, 1)?;
+                return Ok(net);
+            }
+            Head::Citer => {
+                // CITER's widths come from the hidden size: H -> 2H -> H -> 1.
+                net.linear(&mut rng, "mlp.0", h, 2 * h)?;
+                net.layer_norm("mlp.1", 2 * h)?;
+                net.buffers.borrow_mut().extend([
+                    (
+                        "mlp.1.running_mean".to_string(),
+                        Tensor::zeros(2 * h, DType::F32, &Device::Cpu)?,
+                    ),
+                    (
+                        "mlp.1.running_var".to_string(),
+                        Tensor::ones(2 * h, DType::F32, &Device::Cpu)?,
+                    ),
+                ]);
+                net.linear(&mut rng, "mlp.4", 2 * h, h)?;
+                net.linear(&mut rng, "linear", h, 1)?;
+                return Ok(net);
+            }
+        }
         net.linear(&mut rng, "logits_projection", k, h)?;
         if spec.normalize_input {
             net.layer_norm("layer_norm_hidden_states", h)?;
@@ -137,6 +193,11 @@ impl TrainNet {
         top: &Tensor,
         mut dropout: Option<&mut ChaCha8Rng>,
     ) -> candle_core::Result<Tensor> {
+        match self.spec.head {
+            Head::R2r => {}
+            Head::Collm => return self.apply_linear("deferral", h)?.flatten_all(),
+            Head::Citer => return self.citer_forward(h, dropout),
+        }
         let (h, e, top) = if self.spec.normalize_input {
             (
                 self.apply_layer_norm("layer_norm_hidden_states", h)?,
@@ -164,6 +225,58 @@ impl TrainNet {
             .flatten_all()
     }
 
+    /// CITER: Linear -> BatchNorm -> ReLU -> Dropout -> Linear -> Dropout -> Linear.
+    /// Training (`dropout` given) normalises by the batch and updates the running
+    /// statistics; otherwise the running statistics are used, as in eval mode.
+    fn citer_forward(
+        &self,
+        h: &Tensor,
+        mut dropout: Option<&mut ChaCha8Rng>,
+    ) -> candle_core::Result<Tensor> {
+        let x = self.apply_linear("mlp.0", h)?;
+        let (mean, var) = match dropout.is_some() {
+            true => {
+                let n = x.dim(0)? as f64;
+                let mean = x.mean_keepdim(0)?;
+                let var = x.broadcast_sub(&mean)?.sqr()?.mean_keepdim(0)?;
+                let mut buf = self.buffers.borrow_mut();
+                let unbiased = if n > 1.0 {
+                    (var.detach() * (n / (n - 1.0)))?
+                } else {
+                    var.detach()
+                };
+                for (name, stat) in buf.iter_mut() {
+                    let batch = if name.ends_with("running_mean") {
+                        mean.detach().flatten_all()?
+                    } else {
+                        unbiased.flatten_all()?
+                    };
+                    *stat = ((&*stat * (1.0 - BN_MOMENTUM))? + (batch * BN_MOMENTUM)?)?;
+                }
+                (mean, var)
+            }
+            false => {
+                let buf = self.buffers.borrow();
+                (buf[0].1.unsqueeze(0)?, buf[1].1.unsqueeze(0)?)
+            }
+        };
+        let xn = x
+            .broadcast_sub(&mean)?
+            .broadcast_div(&(var + LN_EPS)?.sqrt()?)?
+            .broadcast_mul(self.t("mlp.1.weight"))?
+            .broadcast_add(self.t("mlp.1.bias"))?;
+        let mut x = xn.relu()?;
+        let p = self.spec.dropout;
+        if let (Some(rng), true) = (dropout.as_deref_mut(), p > 0.0) {
+            x = x.mul(&dropout_mask(rng, x.dims2()?, p)?)?;
+        }
+        let mut x = self.apply_linear("mlp.4", &x)?;
+        if let (Some(rng), true) = (dropout, p > 0.0) {
+            x = x.mul(&dropout_mask(rng, x.dims2()?, p)?)?;
+        }
+        self.apply_linear("linear", &x)?.flatten_all()
+    }
+
     pub fn vars(&self) -> Vec<Var> {
         self.vars.iter().map(|(_, v)| v.clone()).collect()
     }
@@ -174,25 +287,48 @@ impl TrainNet {
 
     /// A copy of every weight (to keep the best epoch's).
     pub fn snapshot(&self) -> Result<Vec<Tensor>> {
-        Ok(self
+        let mut out: Vec<Tensor> = self
             .vars
             .iter()
             .map(|(_, v)| v.as_tensor().copy())
-            .collect::<candle_core::Result<_>>()?)
+            .collect::<candle_core::Result<_>>()?;
+        for (_, b) in self.buffers.borrow().iter() {
+            out.push(b.copy()?);
+        }
+        Ok(out)
     }
 
     pub fn restore(&self, snap: &[Tensor]) -> Result<()> {
         for ((_, v), t) in self.vars.iter().zip(snap) {
             v.set(t)?;
         }
+        for ((_, b), t) in self
+            .buffers
+            .borrow_mut()
+            .iter_mut()
+            .zip(&snap[self.vars.len().min(snap.len())..])
+        {
+            *b = t.clone();
+        }
         Ok(())
+    }
+
+    /// Every tensor the file holds: weights, then buffers.
+    fn named_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out: Vec<(String, Tensor)> = self
+            .vars
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect();
+        out.extend(self.buffers.borrow().iter().cloned());
+        out
     }
 
     /// The weights as raw little-endian f32 (to compare runs bit for bit).
     pub fn weight_bytes(&self) -> Result<Vec<u8>> {
         let mut out = Vec::new();
-        for (_, v) in &self.vars {
-            for x in v.as_tensor().flatten_all()?.to_vec1::<f32>()? {
+        for (_, t) in self.named_tensors() {
+            for x in t.flatten_all()?.to_vec1::<f32>()? {
                 out.extend_from_slice(&x.to_le_bytes());
             }
         }
@@ -203,17 +339,14 @@ impl TrainNet {
     /// `common_args` with the threshold, plus `training`).
     pub fn save(&self, dir: &Path, threshold: f64, training: serde_json::Value) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| TrainError::file(dir, e))?;
-        let tensors: HashMap<String, Tensor> = self
-            .vars
-            .iter()
-            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
-            .collect();
+        let tensors: HashMap<String, Tensor> = self.named_tensors().into_iter().collect();
         let st = dir.join("router.safetensors");
         let tmp = dir.join("router.safetensors.tmp");
         candle_core::safetensors::save(&tensors, &tmp).map_err(|e| TrainError::file(&tmp, e))?;
         std::fs::rename(&tmp, &st).map_err(|e| TrainError::file(&st, e))?;
         let s = &self.spec;
-        let meta = serde_json::json!({
+        let meta = match s.head {
+            Head::R2r => serde_json::json!({
             "model_type": MODEL_TYPE,
             "init_args": {
                 "hidden_states_size": s.hidden_size,
@@ -228,7 +361,15 @@ impl TrainNet {
                 "input_type": ["hidden_states", "token", "logits"],
             },
             "training": training,
-        });
+            }),
+            // CITER and Co-LLM read only the tensors; the threshold goes in the YAML.
+            Head::Citer | Head::Collm => serde_json::json!({
+                "model_type": if s.head == Head::Citer { "citer" } else { "collm" },
+                "init_args": {"hidden_size": s.hidden_size, "dropout_rate": s.dropout},
+                "common_args": {"threshold": threshold},
+                "training": training,
+            }),
+        };
         let js = dir.join("router.json");
         std::fs::write(&js, serde_json::to_string_pretty(&meta).unwrap_or_default())
             .map_err(|e| TrainError::file(&js, e))

@@ -78,7 +78,7 @@ pub struct PromptsArgs {
     /// Where to write the JSONL.
     #[arg(long)]
     pub out: PathBuf,
-    /// Most prompts to write (in a fixed order: module, then name).
+    /// Most prompts to write (a fixed order, round-robin over modules).
     #[arg(long, default_value_t = 2000)]
     pub limit: usize,
     /// The Python interpreter whose standard library is read.
@@ -98,6 +98,7 @@ collections functools itertools datetime decimal enum inspect typing dataclasses
 configparser argparse logging copy contextlib graphlib secrets hashlib hmac struct
 """.split()
 seen = set()
+per_module = {}
 for name in MODULES:
     try:
         mod = importlib.import_module(name)
@@ -128,7 +129,13 @@ for name in MODULES:
         seen.add(key)
         body = "\n".join("    " + l if l else "" for l in doc.splitlines())
         stub = f'def {fname}{sig}:\n    """\n{body}\n    """\n'
-        print(json.dumps({"module": name, "name": qual, "stub": stub}))
+        per_module.setdefault(name, []).append({"module": name, "name": qual, "stub": stub})
+# Round-robin across modules, so that any prefix (--limit) spans the library.
+queues = [per_module[m] for m in MODULES if m in per_module]
+while any(queues):
+    for q in queues:
+        if q:
+            print(json.dumps(q.pop(0)))
 "#;
 
 /// The instruction wrapped around each stub (a generic code-completion task).

@@ -254,6 +254,19 @@ fn bad_inputs_are_clear_errors() {
 
 /// Labelled features whose label is a known function of the inputs.
 fn planted(dir: &Path, prompts: usize, per_prompt: usize, hidden: usize, k: usize) -> Features {
+    planted_with(dir, prompts, per_prompt, hidden, k, true)
+}
+
+/// As `planted`; without `use_embedding` the label depends on the hidden state alone (what
+/// CITER and Co-LLM read).
+fn planted_with(
+    dir: &Path,
+    prompts: usize,
+    per_prompt: usize,
+    hidden: usize,
+    k: usize,
+    use_embedding: bool,
+) -> Features {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let mut f = Features::new(hidden, hidden, k);
     for pi in 0..prompts {
@@ -263,7 +276,7 @@ fn planted(dir: &Path, prompts: usize, per_prompt: usize, hidden: usize, k: usiz
             let mut top: Vec<f32> = (0..k).map(|_| rng.random_range(0.0..10.0)).collect();
             top.sort_by(|a, b| b.total_cmp(a));
             // Routed when the hidden state leans one way and the embedding the other.
-            let y = h[0] + h[1] - e[2] > 0.9;
+            let y = h[0] + h[1] - if use_embedding { e[2] } else { 0.0 } > 0.9;
             f.hidden.extend(h.iter().map(|&v| f16::from_f32(v)));
             f.embed.extend(e.iter().map(|&v| f16::from_f32(v)));
             f.top.extend(top.iter().map(|&v| f16::from_f32(v)));
@@ -350,6 +363,75 @@ fn planted_signal_is_learnt_reproducibly_and_loads_through_r2r() {
 }
 
 #[test]
+fn citer_and_collm_heads_learn_and_load_through_their_methods() {
+    use tokenrouter_engine::methods::citer::CiterNet;
+    use tokenrouter_train::net::Head;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("planted");
+    let f = planted_with(&data, 120, 25, 16, 6, false);
+    let site = Site {
+        model: "quick".into(),
+        config_file: dir.path().join("c.yaml"),
+    };
+    let rows: Vec<usize> = (0..300).collect();
+    for head in [Head::Citer, Head::Collm] {
+        let out = dir.path().join(format!("{head:?}"));
+        let a = FitArgs {
+            head,
+            ..small_fit(&data, &out, 25, 3)
+        };
+        let report = fit::run(&a).unwrap();
+        assert!(
+            report.heldout_auc >= 0.95,
+            "{head:?}: held-out AUC {}",
+            report.heldout_auc
+        );
+        let (trained, _) = fit::fit(&a, &f).unwrap();
+        let ours = fit::predict(&trained, &f, &rows).unwrap();
+        let w = Weights::load(
+            &out.join("router.safetensors"),
+            &Device::Cpu,
+            &site,
+            "model_path",
+        )
+        .unwrap();
+        let (h, _, _, _) = fit::batch(&f, &rows).unwrap();
+        let served: Vec<f32> = match head {
+            Head::Citer => CiterNet::from_weights(&w).unwrap().forward(&h).unwrap(),
+            _ => {
+                // Co-LLM: sigmoid(g·h + b) with the file's g and b.
+                let g = w.get("deferral.weight", &[Some(1), Some(16)]).unwrap();
+                let b = w.get("deferral.bias", &[Some(1)]).unwrap();
+                let z = h
+                    .matmul(&g.t().unwrap())
+                    .unwrap()
+                    .broadcast_add(&b)
+                    .unwrap();
+                candle_nn::ops::sigmoid(&z.flatten_all().unwrap())
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            }
+        };
+        let worst = served
+            .iter()
+            .zip(&ours)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 1e-5, "{head:?}: largest difference {worst}");
+        // CITER routes below its threshold: the written one routes the chosen share.
+        let routed = served
+            .iter()
+            .filter(|&&p| match head {
+                Head::Citer => (p as f64) < report.method_threshold,
+                _ => p as f64 >= report.method_threshold,
+            })
+            .count();
+        assert!(routed > 0 && routed < rows.len());
+    }
+}
+
+#[test]
 fn a_router_trained_on_the_tiny_pair_serves_through_r2r() {
     use std::time::Duration;
     use tokenrouter_api::{Backend, GenerateEvent, GenerateRequest, SamplingParams};
@@ -409,4 +491,32 @@ fn a_router_trained_on_the_tiny_pair_serves_through_r2r() {
     });
     assert_eq!(ended, 12);
     e.shutdown();
+    // The other heads from the same labels load through their methods too.
+    for (head, class) in [
+        (tokenrouter_train::net::Head::Citer, "citer_slm"),
+        (tokenrouter_train::net::Head::Collm, "collm_slm"),
+    ] {
+        let out = p.dir.path().join(class);
+        let fa = FitArgs {
+            head,
+            holdout: 0.3,
+            ..small_fit(&labels, &out, 2, 1)
+        };
+        let r = fit::run(&fa).unwrap();
+        let yaml = pair_config(
+            &p,
+            &p.large,
+            &format!(
+                "    scheduler_class: {class}\n    scheduler_kwargs: {{model_path: {}, threshold: {}}}\n",
+                out.join("router.safetensors").display(),
+                r.method_threshold.clamp(0.0, 1.0)
+            ),
+        );
+        let e = tokenrouter_engine::Engine::start(
+            tokenrouter_engine::EngineConfig::from_file(&yaml).unwrap(),
+        )
+        .unwrap();
+        e.wait_ready(Duration::from_secs(60)).unwrap();
+        e.shutdown();
+    }
 }
