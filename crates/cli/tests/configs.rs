@@ -205,7 +205,13 @@ fn every_config_builds_its_policies() {
                 Err(e) if NEEDS_WEIGHTS.contains(&method.as_str()) => {
                     let missing =
                         e.contains("cannot read router weights") && e.contains("model_path");
-                    let trained = e.contains("input embeddings");
+                    // A context without models has a toy vocabulary and no embeddings: a real
+                    // router in the cache gets past reading and stops at those checks.
+                    let cached = tokenrouter_fetch::default_cache_dir()
+                        .join("routers/qwen2.5-coder-0.5b_1.5b/router.safetensors");
+                    let trained = cached.is_file()
+                        && e.contains(&cached.display().to_string())
+                        && !e.contains("cannot read router weights");
                     assert!(missing || trained, "{}: model.{model}: {e}", file.display());
                     // A router that lives in the cache names the commands that make it.
                     if missing && e.contains("routers/qwen2.5-coder") {
