@@ -148,7 +148,6 @@ pub fn run(a: &LabelArgs) -> Result<LabelStats> {
         prompts: prompts.len(),
         ..Default::default()
     };
-    let mut answer_tokens = 0usize;
     let mut answers_count = 0usize;
     let mut next_seq: SeqId = 1;
     for s in 0..shards {
@@ -160,7 +159,6 @@ pub fn run(a: &LabelArgs) -> Result<LabelStats> {
             stats.positions += f.len();
             stats.mismatches += f.positives();
             stats.skipped_prompts += info.skipped;
-            answer_tokens += f.len();
             answers_count += info.answered;
             stats.shards_resumed += 1;
             bar.inc(range.len() as u64);
@@ -211,7 +209,6 @@ pub fn run(a: &LabelArgs) -> Result<LabelStats> {
         }
         bar.inc(skipped as u64);
         stats.small_features_s += t1.elapsed().as_secs_f64();
-        answer_tokens += f.len();
         answers_count += answers.len();
         stats.positions += f.len();
         stats.mismatches += f.positives();
@@ -220,7 +217,8 @@ pub fn run(a: &LabelArgs) -> Result<LabelStats> {
         shard::write(&path, &f)?;
     }
     bar.finish_and_clear();
-    stats.answer_tokens_mean = answer_tokens as f64 / answers_count.max(1) as f64;
+    // Every answer token is one labelled position.
+    stats.answer_tokens_mean = stats.positions as f64 / answers_count.max(1) as f64;
     let stats_path = a.out.join("label_stats.json");
     std::fs::write(
         &stats_path,
