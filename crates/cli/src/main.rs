@@ -75,6 +75,10 @@ struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
+    /// Browser origins allowed to call the API (CORS), comma-separated or repeated; `*` for
+    /// any. Default: none (no CORS headers).
+    #[arg(long, env = "TOKENROUTER_ALLOWED_ORIGINS", value_delimiter = ',')]
+    allowed_origins: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -149,6 +153,7 @@ fn load_config(path: Option<&PathBuf>) -> Result<EngineConfig> {
 
 fn serve(a: ServeArgs) -> Result<()> {
     let cfg = load_config(a.config.as_ref())?;
+    let cors = tokenrouter_server::CorsPolicy::parse(&a.allowed_origins)?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", a.host, a.port);
@@ -174,6 +179,7 @@ fn serve(a: ServeArgs) -> Result<()> {
         });
         let server_cfg = tokenrouter_server::ServerConfig {
             api_key: a.api_key,
+            cors,
             shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
             ..Default::default()
         };

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+pub use crate::cors::CorsPolicy;
+
 /// Name under which the token-routed (not pinned) model is served, listed first by
 /// `/v1/models`.
 pub const DEFAULT_SERVED_MODEL_NAME: &str = "tokenrouter";
@@ -29,6 +31,8 @@ pub struct ServerConfig {
     /// model's context is refused before tokenizing: no tokenizer produces fewer tokens, so
     /// such a prompt could never fit, and refusing it costs nothing.
     pub max_prompt_bytes_per_token: usize,
+    /// Which browser origins may call the API (CORS); off by default.
+    pub cors: CorsPolicy,
 }
 
 impl Default for ServerConfig {
@@ -42,6 +46,7 @@ impl Default for ServerConfig {
             max_n: 16,
             max_top_logprobs: 20,
             max_prompt_bytes_per_token: 64,
+            cors: CorsPolicy::Off,
         }
     }
 }

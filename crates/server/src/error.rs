@@ -211,6 +211,10 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("metrics registry error: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error(
+        "invalid CORS origin `{0}`: expected `*` or an origin such as `https://app.example.com`"
+    )]
+    CorsOrigin(String),
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 mod auth;
 mod choice;
 mod config;
+mod cors;
 mod detok;
 mod error;
 mod extract;
@@ -31,7 +32,7 @@ mod web;
 
 use std::sync::Arc;
 
-pub use config::{ServerConfig, DEFAULT_SERVED_MODEL_NAME};
+pub use config::{CorsPolicy, ServerConfig, DEFAULT_SERVED_MODEL_NAME};
 pub use error::{ApiError, ServerError};
 pub use shutdown::serve;
 pub use tokenrouter_api::Backend;

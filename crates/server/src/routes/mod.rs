@@ -1,4 +1,4 @@
-//! Route table and the layers around it (API key, HTTP metrics, body limit).
+//! Route table and the layers around it (API key, HTTP metrics, body limit, CORS).
 
 pub mod chat;
 pub mod completions;
@@ -16,7 +16,7 @@ use crate::auth::require_api_key;
 use crate::state::AppState;
 
 pub fn build(state: AppState) -> Router {
-    Router::new()
+    let app = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models::list_models))
@@ -31,8 +31,14 @@ pub fn build(state: AppState) -> Router {
         .method_not_allowed_fallback(misc::method_not_allowed)
         .layer(from_fn_with_state(state.clone(), require_api_key))
         .layer(from_fn_with_state(state.clone(), count_http))
-        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes));
+    // Outermost, so a browser's preflight (OPTIONS, no API key) is answered before the key
+    // check, and error responses carry the CORS headers too.
+    let app = match state.config.cors.layer() {
+        Some(cors) => app.layer(cors),
+        None => app,
+    };
+    app.with_state(state)
 }
 
 /// Counts responses by route template and status code.

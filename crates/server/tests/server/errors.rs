@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use axum::http::{header, Request, StatusCode};
 use serde_json::{json, Value};
-use tokenrouter_server::{router, ServerConfig};
+use tokenrouter_server::{router, CorsPolicy, ServerConfig};
 
 use crate::common::{app, chat_body, error_of, get, mock, post, post_json, send, text};
 use crate::mock::{MockBackend, MockConfig};
@@ -410,4 +410,68 @@ async fn float_fields_must_be_finite_as_f32() {
         Some("temperature"),
     )
     .await;
+}
+
+#[tokio::test]
+async fn cors_is_off_by_default_and_follows_the_configured_origins() {
+    let m = mock();
+    let origin_header = |resp: &axum::response::Response| {
+        resp.headers()
+            .get(header::ACCESS_CONTROL_ALLOW_ORIGIN)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let from = |origin: &str| {
+        Request::get("/v1/models")
+            .header(header::ORIGIN, origin)
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let preflight = |origin: &str| {
+        Request::options("/v1/chat/completions")
+            .header(header::ORIGIN, origin)
+            .header(header::ACCESS_CONTROL_REQUEST_METHOD, "POST")
+            .header(
+                header::ACCESS_CONTROL_REQUEST_HEADERS,
+                "authorization,content-type",
+            )
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+
+    // Default: no CORS headers on answers, and a preflight is not approved.
+    let resp = send(app(&m), from("https://evil.example")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(origin_header(&resp), None);
+    let resp = send(app(&m), preflight("https://evil.example")).await;
+    assert_eq!(origin_header(&resp), None);
+
+    // Named origins, with an API key: the preflight passes without the key, the named
+    // origin is echoed, another origin gets nothing, and a 401 still carries the header so
+    // the page can read the error.
+    let cfg = ServerConfig {
+        api_key: Some("sekrit".into()),
+        cors: CorsPolicy::parse(&["https://app.example"]).unwrap(),
+        ..ServerConfig::default()
+    };
+    let keyed = router(m.clone(), cfg);
+    let resp = send(keyed.clone(), preflight("https://app.example")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(origin_header(&resp).as_deref(), Some("https://app.example"));
+    let methods = resp.headers()[header::ACCESS_CONTROL_ALLOW_METHODS]
+        .to_str()
+        .unwrap();
+    assert!(methods.contains("POST"), "{methods}");
+    let resp = send(keyed.clone(), preflight("https://evil.example")).await;
+    assert_eq!(origin_header(&resp), None);
+    let resp = send(keyed.clone(), from("https://app.example")).await;
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(origin_header(&resp).as_deref(), Some("https://app.example"));
+
+    // `*`: any origin.
+    let cfg = ServerConfig {
+        cors: CorsPolicy::parse(&["*"]).unwrap(),
+        ..ServerConfig::default()
+    };
+    let resp = send(router(m.clone(), cfg), from("https://any.example")).await;
+    assert_eq!(origin_header(&resp).as_deref(), Some("*"));
 }

@@ -2,12 +2,13 @@
 //! bodies built from valid requests with fields mutated into wrong types, extreme numbers,
 //! odd unicode, deep nesting and raw bytes — against the router over the mock backend.
 //! Every answer must be below 500, and every 4xx must be an OpenAI-shaped error object.
-//! `FUZZ_CASES` sets the number of cases (default 50,000; CI runs the default).
+//! `FUZZ_CASES` sets the number of cases (default 50,000; CI runs the default), `FUZZ_SEED`
+//! the seed (default 0x5eed) for runs that explore other sequences.
 
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{header, Method, Request};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
@@ -178,7 +179,11 @@ async fn fuzzed_requests_never_panic_never_5xx_and_4xx_are_openai_shaped() {
     let backend = mock();
     let app =
         tokenrouter_server::router(backend.clone(), tokenrouter_server::ServerConfig::default());
-    let mut rng = StdRng::seed_from_u64(0x5eed);
+    let seed: u64 = std::env::var("FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed);
+    let mut rng = StdRng::seed_from_u64(seed);
     let t0 = Instant::now();
     let mut by_status = std::collections::BTreeMap::<u16, usize>::new();
     for case in 0..cases {
@@ -192,14 +197,12 @@ async fn fuzzed_requests_never_panic_never_5xx_and_4xx_are_openai_shaped() {
             .unwrap_or_else(|e| panic!("case {case} ({shown}): service error {e}"));
         let status = resp.status();
         *by_status.entry(status.as_u16()).or_default() += 1;
-        assert!(
-            !status.is_server_error() || status == StatusCode::SERVICE_UNAVAILABLE,
-            "case {case} ({shown}): {status}"
-        );
+        // The mock is always ready, so no answer may be a 5xx (not even 503).
+        assert!(!status.is_server_error(), "case {case} ({shown}): {status}");
         if head {
             // HEAD answers carry no body by definition.
             let _ = text(resp).await;
-        } else if status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE {
+        } else if status.is_client_error() {
             let body = text(resp).await;
             let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| {
                 panic!("case {case} ({shown}): {status} not JSON ({e}): {body}")
@@ -215,7 +218,7 @@ async fn fuzzed_requests_never_panic_never_5xx_and_4xx_are_openai_shaped() {
         }
     }
     println!(
-        "fuzz: {cases} cases in {:.1} s, statuses {by_status:?}",
+        "fuzz: {cases} cases (seed {seed}) in {:.1} s, statuses {by_status:?}",
         t0.elapsed().as_secs_f64()
     );
 }
