@@ -7,7 +7,8 @@
 #   3. fetches the two real models (Qwen2.5-Coder 0.5B/1.5B Q4_K_M GGUF, ~1.6 GB, sha256-
 #      verified; a no-op when cached) — `tokenrouter fetch`;
 #   4. runs every test of the workspace in release mode, with the real models required
-#      (TOKENROUTER_REQUIRE_MODELS=1: a test that needs them fails instead of skipping);
+#      (TOKENROUTER_NO_SKIP=1: every test that would skip for something missing
+#      — models, python3 with `openai` — fails instead);
 #   5. runs the web view's end-to-end test in headless Chromium (installs Debian's chromium);
 #   6. runs clippy on every target with warnings as errors.
 # fmt, tests and clippy all run even when an earlier one fails; the summary names the failures.
@@ -65,7 +66,7 @@ if [ "${SKIP_FETCH:-0}" != 1 ]; then
   cargo run --release -p tokenrouter -- fetch
 fi
 
-export TOKENROUTER_REQUIRE_MODELS=1
+export TOKENROUTER_NO_SKIP=1
 check "cargo test --workspace --release" cargo test --workspace --release --no-fail-fast
 
 # The live web view in headless Chromium against a server on tiny synthetic models

@@ -182,6 +182,7 @@ pub fn run_random(b: RandomBench) -> Result<()> {
         device: dev.clone(),
         kv: KvBudget::Tokens(kv),
         dtype,
+        kernels: crate::kernel_env::from_env()?,
     };
     let mut r = load_random(b.config, &opts, 42)?;
     dev.synchronize()?;
@@ -299,6 +300,7 @@ pub fn check_logits(
         device: dev.clone(),
         kv: KvBudget::Tokens(256),
         dtype,
+        kernels: crate::kernel_env::from_env()?,
     };
     let mut r = load_runner(dir, &opts)?;
     // (a range, b range) per step

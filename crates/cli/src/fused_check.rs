@@ -112,6 +112,7 @@ fn run_script(config: &Path, dev: &candle_core::Device, fused: bool) -> Result<V
         device: dev.clone(),
         kv: KvBudget::Tokens(16_384),
         dtype: candle_core::DType::BF16,
+        kernels: crate::kernel_env::from_env()?,
     };
     let mut r = load_random(config, &opts, 42)?;
     r.set_fused_kernels(fused);

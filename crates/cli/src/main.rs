@@ -5,6 +5,7 @@
 
 mod device_bench;
 mod fused_check;
+mod kernel_env;
 mod matmul_bench;
 mod model_bench;
 
@@ -141,14 +142,20 @@ fn main() -> Result<()> {
     }
 }
 
+/// The config file (or the built-in default) with the environment's kernel switches over
+/// every model's `runtime:` options.
 fn load_config(path: Option<&PathBuf>) -> Result<EngineConfig> {
-    Ok(match path {
+    let mut cfg = match path {
         Some(p) => EngineConfig::from_file(p)?,
         None => EngineConfig::from_yaml(
             DEFAULT_CONFIG,
             std::path::Path::new("<built-in default config>"),
         )?,
-    })
+    };
+    for m in &mut cfg.models {
+        kernel_env::apply(&mut m.section.runtime)?;
+    }
+    Ok(cfg)
 }
 
 fn serve(a: ServeArgs) -> Result<()> {
@@ -220,6 +227,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
         loc.path(),
         &LoadOptions {
             kv: KvBudget::Tokens(a.max_tokens + 4096),
+            kernels: kernel_env::from_env()?,
             ..Default::default()
         },
     )?;

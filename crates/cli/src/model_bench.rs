@@ -116,6 +116,7 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
         loc.path(),
         &LoadOptions {
             kv: KvBudget::Tokens(kv),
+            kernels: crate::kernel_env::from_env()?,
             ..Default::default()
         },
     )?;

@@ -1,7 +1,7 @@
 //! End to end on the real models: the default config (Qwen2.5-Coder 0.5B ⇄ 1.5B, Q4_K_M
 //! GGUF, R-Stitch) served in-process, one chat request and one streamed completion.
 //! Skipped with a note when the models are not in the cache (`tokenrouter fetch`), unless
-//! `TOKENROUTER_REQUIRE_MODELS` is set: then a missing model is a failure.
+//! `TOKENROUTER_NO_SKIP` is set: then a missing model is a failure.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,8 +31,8 @@ fn models_cached() -> bool {
         dir.display(),
         missing.join(", ")
     );
-    if std::env::var_os("TOKENROUTER_REQUIRE_MODELS").is_some() {
-        panic!("TOKENROUTER_REQUIRE_MODELS is set but {note}");
+    if std::env::var("TOKENROUTER_NO_SKIP").is_ok_and(|v| !v.is_empty() && v != "0") {
+        panic!("TOKENROUTER_NO_SKIP is set but {note}");
     }
     println!("SKIPPED: {note}");
     false

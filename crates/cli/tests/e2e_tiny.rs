@@ -82,6 +82,10 @@ async fn run_client(script: PathBuf, base_url: String, api_key: &'static str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_client_against_the_real_engine_on_tiny_models() {
     if !python_with_openai() {
+        assert!(
+            !std::env::var("TOKENROUTER_NO_SKIP").is_ok_and(|v| !v.is_empty() && v != "0"),
+            "TOKENROUTER_NO_SKIP is set but python3 with the `openai` package is missing"
+        );
         println!(
             "SKIPPED: python3 with the `openai` package is not installed (pip install openai; scripts/test.sh does it)"
         );

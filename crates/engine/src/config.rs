@@ -5,6 +5,7 @@
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use tokenrouter_runtime::KernelOptions;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -87,6 +88,10 @@ pub struct ModelSection {
     /// Build a model of the configured shape with random weights (benchmarks only).
     #[serde(default)]
     pub random_weights: bool,
+    /// Kernel switches of this model (`{cpu_qk: scalar, cuda_graphs: false, ...}`); the
+    /// defaults are the fast paths.
+    #[serde(default)]
+    pub runtime: KernelOptions,
 }
 
 fn default_device() -> String {
@@ -204,14 +209,21 @@ fn default_max_batch() -> usize {
     64
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+/// The file as written: model sections stay raw until [`EngineConfig::from_yaml`] parses
+/// each with its name in the error.
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawConfig {
+    model: serde_yaml::Mapping,
+    system: SystemSection,
+}
+
+/// The validated configuration: every model section parsed once, the entry model first.
+#[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
-    /// Models in file order; the order defines model indices after the entry model is
-    /// moved to the front.
-    pub model: serde_yaml::Mapping,
+    /// The entry model first, then the others in file order (model indices).
+    pub models: Vec<NamedModel>,
     pub system: SystemSection,
-    #[serde(skip)]
     pub file: PathBuf,
 }
 
@@ -222,44 +234,27 @@ pub struct NamedModel {
     pub section: ModelSection,
 }
 
+/// "did you mean ...?" for serde's `unknown field `x`, expected one of `a`, `b`, ...`: the
+/// candidates are the ones serde lists, so the known keys come from the types themselves.
 fn hint_for(message: &str) -> String {
-    const KNOWN: &[&str] = &[
-        "model_path",
-        "scheduler_class",
-        "scheduler_kwargs",
-        "delayed_batching_threshold",
-        "device",
-        "dtype",
-        "kv_cache_tokens",
-        "tp_size",
-        "port",
-        "random_weights",
-        "entry_model",
-        "execution",
-        "max_queued_requests",
-        "max_queued_prompt_tokens",
-        "max_batch_size",
-        "mem_fraction_static",
-        "warmup",
-        "request_routing",
-        "step_watchdog_s",
-        "fault_injection",
-        "enabled",
-        "bounds",
-    ];
-    // serde says "unknown field `x`, expected one of ..." — suggest the closest key.
-    if let Some(start) = message.find("unknown field `") {
-        let rest = &message[start + 15..];
-        if let Some(end) = rest.find('`') {
-            let bad = &rest[..end];
-            if let Some(best) = KNOWN.iter().min_by_key(|k| edit_distance(bad, k)) {
-                if edit_distance(bad, best) <= 3 {
-                    return format!(" (did you mean `{best}`?)");
-                }
-            }
-        }
+    let Some(start) = message.find("unknown field `") else {
+        return String::new();
+    };
+    let rest = &message[start + 15..];
+    let Some(end) = rest.find('`') else {
+        return String::new();
+    };
+    let bad = &rest[..end];
+    let known: Vec<&str> = rest[end + 1..]
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .take_while(|k| !k.contains(['\n', ' ']))
+        .collect();
+    match known.iter().min_by_key(|k| edit_distance(bad, k)) {
+        Some(best) if edit_distance(bad, best) <= 3 => format!(" (did you mean `{best}`?)"),
+        _ => String::new(),
     }
-    String::new()
 }
 
 fn edit_distance(a: &str, b: &str) -> usize {
@@ -290,12 +285,17 @@ impl EngineConfig {
             file: file.to_path_buf(),
             message,
         };
-        let mut cfg: EngineConfig = serde_yaml::from_str(text).map_err(|e| {
+        let raw: RawConfig = serde_yaml::from_str(text).map_err(|e| {
             let m = e.to_string();
             invalid(format!("{m}{}", hint_for(&m)))
         })?;
-        cfg.file = file.to_path_buf();
-        let models = cfg.models()?;
+        let models = parse_models(&raw.model, &raw.system.entry_model, file)?;
+        let cfg = EngineConfig {
+            models,
+            system: raw.system,
+            file: file.to_path_buf(),
+        };
+        let models = &cfg.models;
         if !models.iter().any(|m| m.name == cfg.system.entry_model) {
             return Err(invalid(format!(
                 "system.entry_model: `{}` is not one of the models ({})",
@@ -312,36 +312,39 @@ impl EngineConfig {
 
     /// Models with the entry model first, then the others in file order.
     pub fn models(&self) -> Result<Vec<NamedModel>, ConfigError> {
-        let mut out = Vec::new();
-        for (k, v) in &self.model {
-            let name = k
-                .as_str()
-                .ok_or_else(|| ConfigError::Invalid {
-                    file: self.file.clone(),
-                    message: format!("model: key {k:?} must be a string"),
-                })?
-                .to_string();
-            let section: ModelSection = serde_yaml::from_value(v.clone()).map_err(|e| {
-                let m = e.to_string();
-                ConfigError::Invalid {
-                    file: self.file.clone(),
-                    message: format!("model.{name}: {m}{}", hint_for(&m)),
-                }
-            })?;
-            out.push(NamedModel { name, section });
-        }
-        if out.is_empty() {
-            return Err(ConfigError::Invalid {
-                file: self.file.clone(),
-                message: "model: at least one model is required".into(),
-            });
-        }
-        if let Some(pos) = out.iter().position(|m| m.name == self.system.entry_model) {
-            let entry = out.remove(pos);
-            out.insert(0, entry);
-        }
-        Ok(out)
+        Ok(self.models.clone())
     }
+}
+
+fn parse_models(
+    raw: &serde_yaml::Mapping,
+    entry_model: &str,
+    file: &Path,
+) -> Result<Vec<NamedModel>, ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        file: file.to_path_buf(),
+        message,
+    };
+    let mut out = Vec::new();
+    for (k, v) in raw {
+        let name = k
+            .as_str()
+            .ok_or_else(|| invalid(format!("model: key {k:?} must be a string")))?
+            .to_string();
+        let section: ModelSection = serde_yaml::from_value(v.clone()).map_err(|e| {
+            let m = e.to_string();
+            invalid(format!("model.{name}: {m}{}", hint_for(&m)))
+        })?;
+        out.push(NamedModel { name, section });
+    }
+    if out.is_empty() {
+        return Err(invalid("model: at least one model is required".into()));
+    }
+    if let Some(pos) = out.iter().position(|m| m.name == entry_model) {
+        let entry = out.remove(pos);
+        out.insert(0, entry);
+    }
+    Ok(out)
 }
 
 /// Parse the `scheduler_kwargs` of one model into a policy's typed options, with an error
@@ -402,6 +405,31 @@ system: {entry_model: quick, execution: sync}
         assert!(e.contains("entry_model") && e.contains("fast"), "{e}");
         let bad = GOOD.replace("execution: sync", "execution: lockstep");
         assert!(EngineConfig::from_yaml(&bad, Path::new("x.yaml")).is_err());
+    }
+
+    #[test]
+    fn kernel_switches_parse_per_model_with_hints_from_the_types() {
+        let with = GOOD.replace(
+            "scheduler_kwargs: {threshold: 0.3}}",
+            "scheduler_kwargs: {threshold: 0.3}, runtime: {cpu_qk: scalar, cuda_graphs: false}}",
+        );
+        let cfg = EngineConfig::from_yaml(&with, Path::new("x.yaml")).unwrap();
+        let quick = &cfg.models[0].section.runtime;
+        assert_eq!(quick.cpu_qk, tokenrouter_runtime::CpuKernel::Scalar);
+        assert!(!quick.cuda_graphs && quick.gemv);
+        assert_eq!(cfg.models[1].section.runtime, KernelOptions::default());
+        let bad = with.replace("cuda_graphs", "cuda_graph");
+        let e = EngineConfig::from_yaml(&bad, Path::new("cfg/x.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cfg/x.yaml") && e.contains("model.quick"), "{e}");
+        assert!(e.contains("did you mean `cuda_graphs`"), "{e}");
+        // Keys of the system section get hints too (from the list serde gives).
+        let bad = GOOD.replace("execution: sync", "executon: sync");
+        let e = EngineConfig::from_yaml(&bad, Path::new("x.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("did you mean `execution`"), "{e}");
     }
 
     #[test]

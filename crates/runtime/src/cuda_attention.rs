@@ -37,10 +37,10 @@ pub const ATTN_COUNTERS: usize = 65_536;
 /// Which first pass of attention runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// The tensor-core kernel where it exists for the heads (`TOKENROUTER_ATTN_MMA=0` turns
-    /// it off); otherwise the split kernel for steps of 1-2 tokens (H200: 0.6B step 1.26 vs
-    /// 1.40 ms) and tiles from 4 on (the split kernel holds more registers, fewer blocks
-    /// resident). `TOKENROUTER_ATTN_TILES=1`: tiles instead of split.
+    /// The tensor-core kernel where it exists for the heads (`KernelOptions::attention_mma`
+    /// off turns it off); otherwise the split kernel for steps of 1-2 tokens (H200: 0.6B
+    /// step 1.26 vs 1.40 ms) and tiles from 4 on (the split kernel holds more registers,
+    /// fewer blocks resident). `KernelOptions::attention_tiles`: tiles instead of split.
     Auto,
     /// Per-group online softmax with all of a short chunk's K/V loads in flight, one block
     /// per query head.
@@ -63,28 +63,22 @@ fn mma_kernel_exists(group: usize, hd: usize) -> bool {
     (2..=8).contains(&group) && matches!(hd, 64 | 128)
 }
 
-fn env_flag(name: &str, cell: &'static std::sync::OnceLock<bool>, default: bool) -> bool {
-    *cell.get_or_init(|| std::env::var(name).map_or(default, |v| v == "1"))
-}
-
 impl AttentionKernel {
     fn split(self, tokens: usize) -> bool {
-        static TILES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         match self {
             Self::Split => true,
             Self::Tiles | Self::Mma => false,
             Self::Auto => {
                 tokens <= SPLIT_KERNEL_MAX_TOKENS
-                    && !env_flag("TOKENROUTER_ATTN_TILES", &TILES, false)
+                    && !crate::kernel_options::KernelOptions::current().attention_tiles
             }
         }
     }
 
     /// The kernel that runs for these heads: `Auto` becomes `Mma` where that exists (unless
-    /// `TOKENROUTER_ATTN_MMA=0`), and `Mma` falls back to `Auto`'s per-head kernels where it
+    /// `KernelOptions::attention_mma` is off), and `Mma` falls back to `Auto`'s per-head kernels where it
     /// does not.
     pub fn resolve(self, nh: usize, nkv: usize, hd: usize) -> Self {
-        static MMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let g = if nkv > 0 && nh.is_multiple_of(nkv) {
             nh / nkv
         } else {
@@ -92,7 +86,9 @@ impl AttentionKernel {
         };
         let mma = mma_kernel_exists(g, hd);
         match self {
-            Self::Auto if mma && env_flag("TOKENROUTER_ATTN_MMA", &MMA, true) => Self::Mma,
+            Self::Auto if mma && crate::kernel_options::KernelOptions::current().attention_mma => {
+                Self::Mma
+            }
             Self::Mma if !mma => Self::Auto,
             k => k,
         }

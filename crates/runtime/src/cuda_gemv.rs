@@ -6,23 +6,22 @@
 //! down projections). Kernels in kernels/gemv.cuh (`gemv_*`).
 
 use crate::cuda_kernels::{alloc_bf16, cuda_only_op2, err, input_ptr, launch, ptr};
+use crate::kernel_options::KernelOptions;
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::cuda_backend::{CudaDevice, CudaStorage};
 use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Result, Shape, Tensor};
 
+/// Whether the stepping model's options (`KernelOptions::gemv`) leave the kernel on.
 fn gemv_enabled() -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("TOKENROUTER_GEMV").map_or(true, |v| v != "0"))
+    KernelOptions::current().gemv
 }
 
-/// Whether the fused variants are on (`TOKENROUTER_FUSED_GEMV=0` turns them off, for
-/// comparison; they need the plain kernel on as well).
+/// Whether the fused variants are on (`KernelOptions::fused_gemv`; off for comparison; they
+/// need the plain kernel on as well).
 pub fn fused_gemv_enabled() -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    gemv_enabled()
-        && *ENABLED
-            .get_or_init(|| std::env::var("TOKENROUTER_FUSED_GEMV").map_or(true, |v| v != "0"))
+    let k = KernelOptions::current();
+    k.gemv && k.fused_gemv
 }
 
 /// Rows the fused variants take (their kernels exist for 1 and 2).

@@ -71,20 +71,20 @@ pub(crate) fn alloc_bf16(
 }
 
 /// Whether our kernels are launched with programmatic dependent launch: compute capability
-/// 9.0 and later (where kernels/fused.cu's `pdl_begin` exists), unless `TOKENROUTER_PDL=0`.
+/// 9.0 and later (where kernels/fused.cu's `pdl_begin` exists), unless the stepping model's
+/// `KernelOptions::pdl` is off.
 /// Each kernel then starts while the previous one finishes (its blocks wait inside for the
 /// previous kernel's writes), so the launch gap and a matmul's weight prefetch overlap the
 /// previous kernel instead of following it.
 pub fn pdl_enabled(dev: &CudaDevice) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var("TOKENROUTER_PDL").map_or(true, |v| v != "0")
-            && dev
-                .cuda_stream()
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    crate::kernel_options::KernelOptions::current().pdl
+        && *SUPPORTED.get_or_init(|| {
+            dev.cuda_stream()
                 .context()
                 .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
                 .is_ok_and(|major| major >= 9)
-    })
+        })
 }
 
 /// Launch kernel `name` of our module on the device's stream; `args` point at the kernel's

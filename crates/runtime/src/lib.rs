@@ -19,6 +19,7 @@ pub mod cuda_kernels;
 pub mod cuda_profile;
 pub mod error;
 pub mod ggml_ops;
+pub mod kernel_options;
 pub mod kv;
 pub mod load;
 pub mod model;
@@ -30,6 +31,7 @@ pub mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use error::{Result, RuntimeError};
+pub use kernel_options::{CpuKernel, KernelOptions};
 pub use kv::{KvCapacity, KvUsage, SeqId};
 pub use load::{
     inspect, load_model, load_random, load_random_model, load_runner, KvBudget, LoadOptions,

@@ -3,6 +3,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{Result, RuntimeError};
+use crate::kernel_options::KernelOptions;
 use crate::kv::KvCapacity;
 use crate::model::Transformer;
 use crate::runner::Runner;
@@ -25,6 +26,8 @@ pub struct LoadOptions {
     pub kv: KvBudget,
     /// Compute dtype for dense (safetensors) weights; GGUF weights stay quantised.
     pub dtype: DType,
+    /// Which kernels the model runs on.
+    pub kernels: KernelOptions,
 }
 
 impl Default for LoadOptions {
@@ -33,6 +36,7 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             kv: KvBudget::Tokens(16_384),
             dtype: DType::F32,
+            kernels: KernelOptions::default(),
         }
     }
 }
@@ -109,7 +113,10 @@ pub fn load_runner(dir: &Path, opts: &LoadOptions) -> Result<Runner> {
     let files = safetensors_files(dir)?;
     let mut src = WeightSource::safetensors(&files, dir, &opts.device, opts.dtype)?;
     let cap = capacity(&cfg, opts.kv);
-    Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap)
+    Runner::new(
+        Transformer::load(cfg, &mut src, &opts.device, &opts.kernels)?,
+        cap,
+    )
 }
 
 /// A model of real shape from a `config.json` alone: Normal(0, 0.02) matrices (unit norm
@@ -123,7 +130,10 @@ pub fn load_random(config_json: &Path, opts: &LoadOptions, seed: u64) -> Result<
     }
     let mut src = WeightSource::random(&cfg, config_json, &opts.device, opts.dtype, 0.02);
     let cap = capacity(&cfg, opts.kv);
-    Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap)
+    Runner::new(
+        Transformer::load(cfg, &mut src, &opts.device, &opts.kernels)?,
+        cap,
+    )
 }
 
 /// `load_random` plus the synthetic tokenizer (`TextModel::synthetic`): a servable model of
@@ -147,7 +157,10 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let mut src = WeightSource::safetensors(&files, path, &opts.device, opts.dtype)?;
         let cap = capacity(&cfg, opts.kv);
         (
-            Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap)?,
+            Runner::new(
+                Transformer::load(cfg, &mut src, &opts.device, &opts.kernels)?,
+                cap,
+            )?,
             text,
         )
     } else {
@@ -157,7 +170,10 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let mut src = WeightSource::gguf(content, file, path, &opts.device);
         let cap = capacity(&cfg, opts.kv);
         (
-            Runner::new(Transformer::load(cfg, &mut src, &opts.device)?, cap)?,
+            Runner::new(
+                Transformer::load(cfg, &mut src, &opts.device, &opts.kernels)?,
+                cap,
+            )?,
             text,
         )
     };

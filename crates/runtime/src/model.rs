@@ -7,6 +7,7 @@ use crate::attention_device::{self, DeviceRope, StepPlan};
 use crate::config::ModelConfig;
 use crate::cpu_quant::{CpuMatmul, SeqRows};
 use crate::error::Result;
+use crate::kernel_options::KernelOptions;
 use crate::kv::{BlockTable, KvStore};
 use crate::weights::{Part, Role, WeightSource};
 use candle_core::quantized::QMatMul;
@@ -52,6 +53,7 @@ impl Linear {
         out: usize,
         inp: usize,
         bias: bool,
+        kernels: &KernelOptions,
     ) -> Result<Self> {
         let w = src.qmatmul(role, layer, (out, inp))?;
         let b = if bias {
@@ -59,7 +61,7 @@ impl Linear {
         } else {
             None
         };
-        let cpu = CpuMatmul::new(&w);
+        let cpu = CpuMatmul::new(&w, kernels);
         Ok(Self { w, cpu, b })
     }
 
@@ -160,11 +162,10 @@ pub struct Transformer {
     /// Zeroed counters for the attention kernel's in-kernel combine, made on first use.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     attn_counters: OnceLock<Tensor>,
-    /// Use the fused CUDA kernels (`model_cuda.rs`) when they apply.
-    fused_kernels: bool,
-    /// Replay decode steps from CUDA graphs (`model_cuda_graph.rs`).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    cuda_graphs: bool,
+    /// Kernel switches: the fused CUDA kernels (`model_cuda.rs`) and CUDA graphs
+    /// (`model_cuda_graph.rs`) when they apply, and the choices read inside custom ops
+    /// (current for the thread while `forward` runs).
+    kernels: KernelOptions,
     #[cfg(feature = "cuda")]
     graphs: std::sync::Mutex<Option<model_cuda_graph::DecodeGraphs>>,
     /// Buffers of the 1-2 token steps' layers, made on first use (`model_cuda.rs`).
@@ -183,7 +184,12 @@ pub struct ForwardOutput {
 }
 
 impl Transformer {
-    pub fn load(cfg: ModelConfig, src: &mut WeightSource, device: &Device) -> Result<Self> {
+    pub fn load(
+        cfg: ModelConfig,
+        src: &mut WeightSource,
+        device: &Device,
+        kernels: &KernelOptions,
+    ) -> Result<Self> {
         src.check_config(&cfg)?;
         let h = cfg.hidden_size;
         let (qd, kvd) = (
@@ -200,15 +206,15 @@ impl Transformer {
                     Ok(None)
                 }
             };
-            let q = Linear::load(src, Role::Q, i, qd, h, cfg.qkv_bias)?;
-            let k = Linear::load(src, Role::K, i, kvd, h, cfg.qkv_bias)?;
-            let v = Linear::load(src, Role::V, i, kvd, h, cfg.qkv_bias)?;
+            let q = Linear::load(src, Role::Q, i, qd, h, cfg.qkv_bias, kernels)?;
+            let k = Linear::load(src, Role::K, i, kvd, h, cfg.qkv_bias, kernels)?;
+            let v = Linear::load(src, Role::V, i, kvd, h, cfg.qkv_bias, kernels)?;
             let qkv = match Linear::fuse(&[&q, &k, &v], device)? {
                 Some(f) => Qkv::Fused(f),
                 None => Qkv::Split(q, k, v),
             };
-            let gate = Linear::load(src, Role::Gate, i, cfg.intermediate_size, h, false)?;
-            let up = Linear::load(src, Role::Up, i, cfg.intermediate_size, h, false)?;
+            let gate = Linear::load(src, Role::Gate, i, cfg.intermediate_size, h, false, kernels)?;
+            let up = Linear::load(src, Role::Up, i, cfg.intermediate_size, h, false, kernels)?;
             let gate_up = match Linear::fuse(&[&gate, &up], device)? {
                 Some(f) => GateUp::Fused(f),
                 None => GateUp::Split(gate, up),
@@ -216,12 +222,12 @@ impl Transformer {
             layers.push(Layer {
                 attn_norm: src.dense(Role::AttnNorm, i, Part::Weight, &[h])?,
                 qkv,
-                o: Linear::load(src, Role::O, i, h, qd, false)?,
+                o: Linear::load(src, Role::O, i, h, qd, false, kernels)?,
                 q_norm: qk_norm(src, Role::QNorm)?,
                 k_norm: qk_norm(src, Role::KNorm)?,
                 mlp_norm: src.dense(Role::MlpNorm, i, Part::Weight, &[h])?,
                 gate_up,
-                down: Linear::load(src, Role::Down, i, h, cfg.intermediate_size, false)?,
+                down: Linear::load(src, Role::Down, i, h, cfg.intermediate_size, false, kernels)?,
             });
         }
         let norm = src.dense(Role::FinalNorm, 0, Part::Weight, &[h])?;
@@ -239,15 +245,13 @@ impl Transformer {
             embed,
             layers,
             norm,
-            lm_head_cpu: CpuMatmul::new(&lm_head),
+            lm_head_cpu: CpuMatmul::new(&lm_head, kernels),
             lm_head,
             rope,
             rope_dev: OnceLock::new(),
             rope_f32: OnceLock::new(),
             attn_counters: OnceLock::new(),
-            // TOKENROUTER_FUSED_KERNELS=0 keeps the candle-op path (for comparisons).
-            fused_kernels: std::env::var("TOKENROUTER_FUSED_KERNELS").map_or(true, |v| v != "0"),
-            cuda_graphs: std::env::var("TOKENROUTER_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            kernels: *kernels,
             #[cfg(feature = "cuda")]
             graphs: std::sync::Mutex::new(None),
             #[cfg(feature = "cuda")]
@@ -260,7 +264,7 @@ impl Transformer {
     pub fn fused_kernels(&self) -> bool {
         #[cfg(feature = "cuda")]
         {
-            self.fused_kernels && self.fused_path_supported()
+            self.kernels.fused_kernels && self.fused_path_supported()
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -270,12 +274,17 @@ impl Transformer {
 
     /// Turn the fused CUDA kernels on or off (they stay off where unsupported).
     pub fn set_fused_kernels(&mut self, on: bool) {
-        self.fused_kernels = on;
+        self.kernels.fused_kernels = on;
     }
 
     /// Turn CUDA graphs for decode steps on or off (they need the fused kernels).
     pub fn set_cuda_graphs(&mut self, on: bool) {
-        self.cuda_graphs = on;
+        self.kernels.cuda_graphs = on;
+    }
+
+    /// The kernel switches this model was loaded with.
+    pub fn kernels(&self) -> &KernelOptions {
+        &self.kernels
     }
 
     /// The dtype hidden states have (bf16 for dense bf16 weights, f32 otherwise).
@@ -331,6 +340,7 @@ impl Transformer {
         want_hidden: bool,
         all_logits: bool,
     ) -> Result<ForwardOutput> {
+        let _kernels = self.kernels.enter();
         #[cfg(feature = "cuda")]
         if let (true, KvStore::Device(caches)) = (self.fused_kernels(), &*kv) {
             if self.graph_applies(rows, all_logits) {

@@ -21,12 +21,11 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Combine attention's splits in the split kernel's last block instead of a kernel of its own
-/// (`TOKENROUTER_ATTN_COMBINE_IN_KERNEL=1`). Off by default: one launch less, but measured
+/// (`KernelOptions::attention_combine_in_kernel`). Off by default: one launch less, but measured
 /// slower (H200, 0.6B step at 1 row: 1.30 vs 1.26 ms; the last block's fence, atomic and
 /// serial combine lengthen the kernel's tail more than the graph node costs).
 fn combine_in_kernel() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TOKENROUTER_ATTN_COMBINE_IN_KERNEL").is_ok_and(|v| v == "1"))
+    crate::kernel_options::KernelOptions::current().attention_combine_in_kernel
 }
 
 fn dense(l: &super::Linear) -> Result<(&Tensor, Option<&Tensor>)> {

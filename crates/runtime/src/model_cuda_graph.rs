@@ -4,7 +4,7 @@
 //! tables) live in one persistent device buffer that is refreshed before each replay;
 //! padding rows store nothing and are not attended. Outputs are copied into persistent
 //! logits/hidden buffers inside the graph, so every allocation made during capture is also
-//! freed inside it. TOKENROUTER_CUDA_GRAPHS=0 turns graphs off.
+//! freed inside it. `KernelOptions::cuda_graphs` off turns graphs off.
 
 use super::model_cuda::MetaPtrs;
 use super::{ForwardOutput, Transformer};
@@ -58,7 +58,7 @@ impl DecodeGraphs {
 
 impl Transformer {
     pub(super) fn graph_applies(&self, rows: &[RowSpan], all_logits: bool) -> bool {
-        self.cuda_graphs
+        self.kernels.cuda_graphs
             && !all_logits
             && rows.len() <= GRAPH_MAX_BATCH
             && rows.iter().all(|r| r.len == 1)

@@ -82,6 +82,7 @@ fn opts() -> LoadOptions {
         device: Device::Cpu,
         kv: KvBudget::Tokens(4096),
         dtype: candle_core::DType::F32,
+        kernels: Default::default(),
     }
 }
 

@@ -113,6 +113,7 @@ pub fn load_config_models(
             device,
             kv: KvBudget::Tokens(m.section.kv_cache_tokens.unwrap_or(32_768)),
             dtype,
+            kernels: m.section.runtime,
         };
         tracing::info!(model = %m.name, path = %path.display(), "loading");
         let lm = if m.section.random_weights {

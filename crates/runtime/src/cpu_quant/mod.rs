@@ -14,6 +14,8 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{CpuStorage, Layout, Shape, Tensor};
 use std::sync::Arc;
 
+use crate::kernel_options::KernelOptions;
+
 pub mod act_quant;
 pub mod q0;
 pub mod q4_k;
@@ -35,15 +37,15 @@ pub enum CpuMatmul {
 
 impl CpuMatmul {
     /// Takes over `w` when one of our kernels handles its type on this CPU (and the
-    /// `TOKENROUTER_CPU_Q5` / `TOKENROUTER_CPU_QK` switches leave it on).
-    pub fn new(w: &QMatMul) -> Option<Self> {
-        if let Some(q) = Q0Matmul::new(w) {
+    /// options' `cpu_q5` / `cpu_qk` choices leave it on).
+    pub fn new(w: &QMatMul, opts: &KernelOptions) -> Option<Self> {
+        if let Some(q) = Q0Matmul::new(w, opts.cpu_q5) {
             return Some(Self::Q0(q));
         }
-        if let Some(q) = Q4kMatmul::new(w) {
+        if let Some(q) = Q4kMatmul::new(w, opts.cpu_qk) {
             return Some(Self::Q4K(q));
         }
-        Q6kMatmul::new(w).map(Self::Q6K)
+        Q6kMatmul::new(w, opts.cpu_qk).map(Self::Q6K)
     }
 
     /// `x @ w^T` for `x` of shape `[.., k]`, its rows grouped into sequences by `seqs`.
@@ -99,25 +101,6 @@ fn cpu_matrix(
         return None;
     }
     Some((t, n, k))
-}
-
-/// The kernel a weight gets: `$var=candle` leaves it to candle, `=scalar` / `=avx2` force a
-/// kernel (for A/B measurements), otherwise the best this CPU has (`detected`) — or none
-/// when that is the scalar loop and it does not beat candle's own path (`scalar_wins`).
-fn kernel_from_env<K: Copy + PartialEq>(
-    var: &str,
-    scalar: K,
-    avx2: K,
-    detected: K,
-    scalar_wins: bool,
-) -> Option<K> {
-    match std::env::var(var).as_deref() {
-        Ok("candle") => None,
-        Ok("scalar") => Some(scalar),
-        Ok("avx2") => Some(avx2),
-        _ if detected == scalar && !scalar_wins => None,
-        _ => Some(detected),
-    }
 }
 
 /// The contiguous f32 input of a matmul op `[.., k]` and its output shape `[.., n]`.

@@ -21,6 +21,10 @@ fn openai_available() -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_openai_client_end_to_end() {
     if !openai_available() {
+        assert!(
+            !std::env::var("TOKENROUTER_NO_SKIP").is_ok_and(|v| !v.is_empty() && v != "0"),
+            "TOKENROUTER_NO_SKIP is set but python3 with the `openai` package is missing"
+        );
         println!(
             "SKIPPED: python3 with the `openai` package is not installed (pip install openai)"
         );

@@ -26,6 +26,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
 use super::{par_chunks, SharedMut};
+use crate::kernel_options::CpuKernel;
 
 /// Values per block (Q5_0 and Q8_0 alike).
 const QK: usize = 32;
@@ -155,16 +156,10 @@ impl std::fmt::Debug for Q0Matmul {
 
 impl Q0Matmul {
     /// Takes over `w` when it is a Q5_0 or Q8_0 matrix on the CPU; `None` leaves it to candle.
-    /// `TOKENROUTER_CPU_Q5=candle` turns this path off, `=scalar` / `=avx2` force a kernel
-    /// (for A/B measurements).
-    pub fn new(w: &QMatMul) -> Option<Self> {
-        let kernel = super::kernel_from_env(
-            "TOKENROUTER_CPU_Q5",
-            Kernel::Scalar,
-            Kernel::Avx2,
-            Kernel::detect(),
-            true,
-        )?;
+    /// `choice` (`KernelOptions::cpu_q5`) may turn this path off or force a kernel (for A/B
+    /// measurements).
+    pub fn new(w: &QMatMul, choice: CpuKernel) -> Option<Self> {
+        let kernel = choice.pick(Kernel::Scalar, Kernel::Avx2, Kernel::detect(), true)?;
         Self::with_kernel(w, kernel)
     }
 

@@ -136,7 +136,7 @@ fn extreme_values_decode_exactly() {
 #[test]
 fn batched_input_and_other_dtypes() {
     let w = q5_weight(16, 64, 9);
-    let ours = Q0Matmul::new(&w).unwrap();
+    let ours = Q0Matmul::new(&w, crate::kernel_options::CpuKernel::Auto).unwrap();
     let x = Tensor::from_vec(values(2 * 3 * 64, 1), (2, 3, 64), &Device::Cpu).unwrap();
     let got = ours.forward(&x).unwrap();
     assert_eq!(got.dims(), &[2, 3, 16]);

@@ -21,6 +21,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
 use super::{par_chunks, SharedMut};
+use crate::kernel_options::CpuKernel;
 
 /// Values per super-block.
 const QK_K: usize = 256;
@@ -123,17 +124,11 @@ impl std::fmt::Debug for Q4kMatmul {
 
 impl Q4kMatmul {
     /// Takes over `w` when it is a Q4_K matrix on the CPU of whole 16-row tiles; `None`
-    /// leaves it to candle. `TOKENROUTER_CPU_QK=candle` turns this path off, `=scalar`
-    /// forces the portable kernel (for A/B measurements). Without a SIMD kernel for this CPU
-    /// candle keeps the weight.
-    pub fn new(w: &QMatMul) -> Option<Self> {
-        let kernel = super::kernel_from_env(
-            "TOKENROUTER_CPU_QK",
-            Kernel::Scalar,
-            Kernel::Avx2,
-            Kernel::detect(),
-            false,
-        )?;
+    /// leaves it to candle. `choice` (`KernelOptions::cpu_qk`) may turn this path off or
+    /// force a kernel (A/B measurements). Without a SIMD kernel for this CPU candle keeps
+    /// the weight.
+    pub fn new(w: &QMatMul, choice: CpuKernel) -> Option<Self> {
+        let kernel = choice.pick(Kernel::Scalar, Kernel::Avx2, Kernel::detect(), false)?;
         Self::with_kernel(w, kernel)
     }
 

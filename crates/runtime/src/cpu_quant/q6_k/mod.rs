@@ -20,6 +20,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
 use super::{par_chunks, SharedMut};
+use crate::kernel_options::CpuKernel;
 
 /// Values per super-block.
 const QK_K: usize = 256;
@@ -95,16 +96,10 @@ impl std::fmt::Debug for Q6kMatmul {
 
 impl Q6kMatmul {
     /// Takes over `w` when it is a Q6_K matrix on the CPU; `None` leaves it to candle.
-    /// `TOKENROUTER_CPU_QK=candle` turns this path off, `=scalar` forces the portable kernel.
-    /// Without a SIMD kernel for this CPU candle keeps the weight.
-    pub fn new(w: &QMatMul) -> Option<Self> {
-        let kernel = super::kernel_from_env(
-            "TOKENROUTER_CPU_QK",
-            Kernel::Scalar,
-            Kernel::Avx2,
-            Kernel::detect(),
-            false,
-        )?;
+    /// `choice` (`KernelOptions::cpu_qk`) may turn this path off or force a kernel. Without
+    /// a SIMD kernel for this CPU candle keeps the weight.
+    pub fn new(w: &QMatMul, choice: CpuKernel) -> Option<Self> {
+        let kernel = choice.pick(Kernel::Scalar, Kernel::Avx2, Kernel::detect(), false)?;
         Self::with_kernel(w, kernel)
     }
 

@@ -1,0 +1,175 @@
+//! Which kernels a model runs on: one typed set of switches per model, given to the loader
+//! (`LoadOptions::kernels`), set from YAML (`runtime:` of a model) or, at the binary's edge,
+//! from the `TOKENROUTER_*` variables (parsed there with one rule, see the README's table).
+//! The library never reads the environment.
+//!
+//! The CPU choices are made once per weight at load. The CUDA choices are read inside
+//! candle custom ops that only get tensors (the skinny matmul, the launch attribute, the
+//! attention kernel), so a model makes its options current for the thread while it runs a
+//! step ([`Scope`]); each sub-server steps its model on its own thread.
+
+use serde::Deserialize;
+use std::cell::Cell;
+
+/// A CPU quantised-matmul kernel choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuKernel {
+    /// The best kernel this CPU has (candle's own path where ours would only be scalar and
+    /// slower).
+    #[default]
+    Auto,
+    /// Leave the weight to candle.
+    Candle,
+    /// Our portable kernel (A/B measurements).
+    Scalar,
+    /// Our 256-bit kernel, even where 512-bit lanes exist.
+    Avx2,
+}
+
+impl CpuKernel {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auto" => Some(Self::Auto),
+            "candle" => Some(Self::Candle),
+            "scalar" => Some(Self::Scalar),
+            "avx2" => Some(Self::Avx2),
+            _ => None,
+        }
+    }
+
+    /// The kernel a weight gets: `Candle` leaves it to candle, `Scalar` / `Avx2` force one,
+    /// `Auto` the best this CPU has (`detected`) — or none when that is the scalar loop and
+    /// it does not beat candle's own path (`scalar_wins`).
+    pub(crate) fn pick<K: Copy + PartialEq>(
+        self,
+        scalar: K,
+        avx2: K,
+        detected: K,
+        scalar_wins: bool,
+    ) -> Option<K> {
+        match self {
+            Self::Candle => None,
+            Self::Scalar => Some(scalar),
+            Self::Avx2 => Some(avx2),
+            Self::Auto if detected == scalar && !scalar_wins => None,
+            Self::Auto => Some(detected),
+        }
+    }
+}
+
+/// The kernel switches of one model. Every default is the fast path; the switches exist to
+/// compare against it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KernelOptions {
+    /// Q5_0 / Q8_0 weights on the CPU.
+    pub cpu_q5: CpuKernel,
+    /// Q4_K / Q6_K weights on the CPU.
+    pub cpu_qk: CpuKernel,
+    /// The fused CUDA forward (off: candle ops only).
+    pub fused_kernels: bool,
+    /// CUDA graphs for decode steps.
+    pub cuda_graphs: bool,
+    /// Our skinny matmul for decode-sized bf16 inputs (off: cuBLAS).
+    pub gemv: bool,
+    /// Its variants with the norm / activation / residual folded in (needs `gemv`).
+    pub fused_gemv: bool,
+    /// Programmatic dependent launch (compute capability 9.0+).
+    pub pdl: bool,
+    /// Grouped-query attention on tensor cores where the kernel exists for the heads.
+    pub attention_mma: bool,
+    /// Score tiles instead of the split kernel for 1-2 token steps.
+    pub attention_tiles: bool,
+    /// Combine attention splits in the split kernel's last block (measured slower).
+    pub attention_combine_in_kernel: bool,
+}
+
+impl Default for KernelOptions {
+    fn default() -> Self {
+        Self {
+            cpu_q5: CpuKernel::Auto,
+            cpu_qk: CpuKernel::Auto,
+            fused_kernels: true,
+            cuda_graphs: true,
+            gemv: true,
+            fused_gemv: true,
+            pdl: true,
+            attention_mma: true,
+            attention_tiles: false,
+            attention_combine_in_kernel: false,
+        }
+    }
+}
+
+thread_local! {
+    static CURRENT: Cell<KernelOptions> = Cell::new(KernelOptions::default());
+}
+
+impl KernelOptions {
+    /// The options of the model stepping on this thread (defaults outside a step).
+    pub fn current() -> Self {
+        CURRENT.with(Cell::get)
+    }
+
+    /// Make these the current options of this thread until the scope ends.
+    pub fn enter(self) -> Scope {
+        Scope(CURRENT.with(|c| c.replace(self)))
+    }
+}
+
+/// Restores the thread's previous options when dropped.
+#[must_use = "the options apply while the scope lives"]
+pub struct Scope(KernelOptions);
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.0));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_nest_and_restore() {
+        assert_eq!(KernelOptions::current(), KernelOptions::default());
+        let off = KernelOptions {
+            gemv: false,
+            ..KernelOptions::default()
+        };
+        {
+            let _a = off.enter();
+            assert!(!KernelOptions::current().gemv);
+            {
+                let _b = KernelOptions::default().enter();
+                assert!(KernelOptions::current().gemv);
+            }
+            assert!(!KernelOptions::current().gemv);
+        }
+        assert_eq!(KernelOptions::current(), KernelOptions::default());
+    }
+
+    #[test]
+    fn yaml_names_every_switch_and_refuses_unknown_ones() {
+        let o: KernelOptions =
+            serde_yaml::from_str("{cpu_qk: scalar, cuda_graphs: false, attention_mma: false}")
+                .unwrap();
+        assert_eq!(o.cpu_qk, CpuKernel::Scalar);
+        assert!(!o.cuda_graphs && !o.attention_mma && o.gemv);
+        assert!(serde_yaml::from_str::<KernelOptions>("{cuda_graph: false}").is_err());
+        assert!(serde_yaml::from_str::<KernelOptions>("{cpu_q5: fast}").is_err());
+    }
+
+    #[test]
+    fn cpu_choices_pick_kernels() {
+        let pick = |c: CpuKernel, detected, scalar_wins| c.pick(0, 1, detected, scalar_wins);
+        assert_eq!(pick(CpuKernel::Candle, 2, true), None);
+        assert_eq!(pick(CpuKernel::Scalar, 2, false), Some(0));
+        assert_eq!(pick(CpuKernel::Avx2, 2, false), Some(1));
+        assert_eq!(pick(CpuKernel::Auto, 2, false), Some(2));
+        assert_eq!(pick(CpuKernel::Auto, 0, false), None);
+        assert_eq!(pick(CpuKernel::Auto, 0, true), Some(0));
+    }
+}
