@@ -20,7 +20,9 @@ pub struct ModelInfo {
     pub context_length: usize,
 }
 
-/// Sampling settings of one request; applied by whichever model writes a token.
+/// Sampling settings of one request; applied by whichever model writes a token. The one
+/// sampling type from the HTTP layer down to the runtime's sampler, with OpenAI's defaults
+/// (temperature 1.0).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SamplingParams {
     /// 0 means greedy.
@@ -51,6 +53,26 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             seed: None,
         }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding (temperature 0), everything else at its default.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Plain greedy decoding: the argmax of the raw logits is the token (no temperature,
+    /// penalties or bias), so the choice can be made where the logits are (e.g. a GPU).
+    pub fn is_plain_greedy(&self) -> bool {
+        self.temperature <= 0.0
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+            && self.repetition_penalty == 1.0
+            && self.logit_bias.is_empty()
     }
 }
 

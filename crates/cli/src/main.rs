@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokenrouter_engine::{Engine, EngineConfig};
 use tokenrouter_runtime::{
-    load_model, KvBudget, LoadOptions, Row, Sampler, SamplingConfig, StepOptions,
+    load_model, KvBudget, LoadOptions, Row, Sampler, SamplingParams, StepOptions,
 };
 
 /// The configuration `serve` uses when none is given.
@@ -238,9 +238,10 @@ fn generate(a: GenerateArgs) -> Result<()> {
     );
     let prompt = m.text.encode(&a.prompt)?;
     let limit = m.text.real_vocab_len();
-    let cfg = SamplingConfig {
+    let cfg = SamplingParams {
         temperature: a.temperature,
-        ..Default::default()
+        seed: Some(a.seed),
+        ..SamplingParams::default()
     };
     let mut sampler = Sampler::new(cfg, a.seed, &prompt);
     let mut next = prompt.clone();

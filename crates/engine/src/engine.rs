@@ -338,9 +338,9 @@ impl Engine {
         &self,
         prompt: &str,
         params: GenerateParams,
-    ) -> Result<Generation, EngineError> {
+    ) -> Result<FinishedGeneration, EngineError> {
         let mut stream = self.generate_stream(prompt, params)?;
-        let mut g = Generation::default();
+        let mut g = FinishedGeneration::default();
         while let Some(ev) = stream.events.recv().await {
             match ev {
                 GenerateEvent::Token(t) => {
@@ -420,7 +420,7 @@ impl GenerateParams {
 
 /// A finished generation.
 #[derive(Clone, Debug, Default)]
-pub struct Generation {
+pub struct FinishedGeneration {
     pub text: String,
     pub token_ids: Vec<u32>,
     /// Which model wrote each token.

@@ -18,5 +18,5 @@ pub(crate) mod warmup;
 
 pub use config::{EngineConfig, Execution, Threshold};
 pub use engine::{
-    load_config_models, ConfigModel, Engine, EngineError, GenerateParams, Generation,
+    load_config_models, ConfigModel, Engine, EngineError, FinishedGeneration, GenerateParams,
 };

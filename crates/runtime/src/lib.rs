@@ -38,5 +38,5 @@ pub use load::{
     LoadedModel,
 };
 pub use runner::{Row, Runner, StepOptions, StepOutput};
-pub use sampling::{Sampled, Sampler, SamplingConfig};
+pub use sampling::{Sampled, Sampler, SamplingParams};
 pub use text::{check_shared_vocab, Message, SharedVocab, TextModel};

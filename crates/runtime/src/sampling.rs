@@ -6,44 +6,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct SamplingConfig {
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: usize,
-    pub min_p: f32,
-    pub repetition_penalty: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub logit_bias: Vec<(u32, f32)>,
-}
-
-impl Default for SamplingConfig {
-    fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            logit_bias: Vec::new(),
-        }
-    }
-}
-
-impl SamplingConfig {
-    /// Plain greedy decoding: the argmax of the raw logits is the token (no temperature,
-    /// penalties or bias), so the choice can be made where the logits are (e.g. a GPU).
-    pub fn is_plain_greedy(&self) -> bool {
-        self.temperature <= 0.0
-            && self.presence_penalty == 0.0
-            && self.frequency_penalty == 0.0
-            && self.repetition_penalty == 1.0
-            && self.logit_bias.is_empty()
-    }
-}
+pub use tokenrouter_api::SamplingParams;
 
 /// A sampled token with its log-probability and the top alternatives, all natural-log
 /// probabilities of the raw (unpenalised, temperature-free) distribution.
@@ -57,7 +20,7 @@ pub struct Sampled {
 /// Per-request sampling state: the RNG and token counts for penalties.
 #[derive(Clone, Debug)]
 pub struct Sampler {
-    pub config: SamplingConfig,
+    pub config: SamplingParams,
     rng: StdRng,
     counts: HashMap<u32, u32>,
     prompt_tokens: std::collections::HashSet<u32>,
@@ -163,7 +126,9 @@ pub fn entropy(logits: &[f32]) -> f32 {
 }
 
 impl Sampler {
-    pub fn new(config: SamplingConfig, seed: u64, prompt: &[u32]) -> Self {
+    /// `seed` is the request's resolved seed (`config.seed` may be unset: the engine draws
+    /// one), so the sampler's stream is fixed from here on.
+    pub fn new(config: SamplingParams, seed: u64, prompt: &[u32]) -> Self {
         Self {
             config,
             rng: StdRng::seed_from_u64(seed),
@@ -290,8 +255,8 @@ impl Sampler {
 mod tests {
     use super::*;
 
-    fn cfg() -> SamplingConfig {
-        SamplingConfig::default()
+    fn cfg() -> SamplingParams {
+        SamplingParams::greedy()
     }
 
     #[test]

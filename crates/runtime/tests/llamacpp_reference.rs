@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use tokenrouter_runtime::{
-    load_model, KvBudget, LoadOptions, Row, Sampler, SamplingConfig, StepOptions,
+    load_model, KvBudget, LoadOptions, Row, Sampler, SamplingParams, StepOptions,
 };
 
 fn cache_models() -> PathBuf {
@@ -149,7 +149,7 @@ fn check(name: &str, file: &str) {
     for (i, g) in r["greedy"].as_array().unwrap().iter().enumerate() {
         let prompt = ids(&g["prompt_ids"]);
         let want = ids(&g["ids"]);
-        let mut s = Sampler::new(SamplingConfig::default(), 0, &prompt);
+        let mut s = Sampler::new(SamplingParams::greedy(), 0, &prompt);
         let seq = 1000 + i as u64;
         let mut next = prompt;
         let mut got = Vec::new();

@@ -132,7 +132,7 @@ fn random_weights_from_config() {
 
 #[test]
 fn greedy_rows_match_the_host_sampler() {
-    use tokenrouter_runtime::{Sampler, SamplingConfig};
+    use tokenrouter_runtime::{Sampler, SamplingParams};
     let dir = tempfile::tempdir().unwrap();
     let path = write_hf_dir(&SynthSpec::tiny(Arch::Qwen3, 9), &dir.path().join("m")).unwrap();
     let mut m = load_model(&path, &opts()).unwrap().runner;
@@ -146,7 +146,7 @@ fn greedy_rows_match_the_host_sampler() {
         let picks = out.greedy_rows(limit).unwrap();
         let logits = out.logits_rows().unwrap();
         for (p, l) in picks.iter().zip(&logits) {
-            let s = Sampler::new(SamplingConfig::default(), 0, &[]).sample(l, limit, 0);
+            let s = Sampler::new(SamplingParams::greedy(), 0, &[]).sample(l, limit, 0);
             assert_eq!(p.0, s.token);
             assert!((p.1 - s.logprob).abs() < 1e-4, "{} vs {}", p.1, s.logprob);
         }

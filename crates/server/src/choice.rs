@@ -8,14 +8,11 @@ use tokenrouter_api::{TextError, TokenEvent};
 use crate::detok::IncrementalDecoder;
 use crate::stop::StopStrings;
 
-/// One generated token as reported to the client.
+/// One generated token as reported to the client: the engine's event, passed through as it
+/// came, and where its text starts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutToken {
-    pub id: u32,
-    pub source: usize,
-    pub logprob: f32,
-    pub top_logprobs: Vec<(u32, f32)>,
-    pub router_score: Option<f32>,
+    pub event: TokenEvent,
     /// Offset in characters of this token's text within the choice's output.
     pub text_offset: usize,
 }
@@ -73,11 +70,7 @@ impl ChoiceDecoder {
     {
         let piece = self.detok.push(token.id, decode)?;
         let out = OutToken {
-            id: token.id,
-            source: token.source,
-            logprob: token.logprob,
-            top_logprobs: token.top_logprobs,
-            router_score: token.router_score,
+            event: token,
             text_offset: self.chars,
         };
         self.append(&piece);
@@ -190,7 +183,10 @@ mod tests {
         let tokens: usize = deltas.iter().chain([&stop]).map(|d| d.tokens.len()).sum();
         assert_eq!(tokens, 6);
         assert_eq!(
-            stop.tokens.iter().map(|t| t.source).collect::<Vec<_>>(),
+            stop.tokens
+                .iter()
+                .map(|t| t.event.source)
+                .collect::<Vec<_>>(),
             vec![1, 0, 1]
         );
         assert!(stop.text.is_empty());

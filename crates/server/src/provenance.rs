@@ -31,12 +31,12 @@ impl ProvenanceCounter {
 
     pub fn add(&mut self, choice: usize, tokens: &[OutToken]) {
         for token in tokens {
-            if token.source >= self.by_model.len() {
-                self.by_model.resize(token.source + 1, 0);
+            if token.event.source >= self.by_model.len() {
+                self.by_model.resize(token.event.source + 1, 0);
             }
-            self.by_model[token.source] += 1;
-            if let Some(prev) = self.last_source.insert(choice, token.source) {
-                if prev != token.source {
+            self.by_model[token.event.source] += 1;
+            if let Some(prev) = self.last_source.insert(choice, token.event.source) {
+                if prev != token.event.source {
                     self.switches += 1;
                 }
             }
@@ -73,16 +73,19 @@ pub fn source_name(names: &[String], index: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokenrouter_api::TokenEvent;
 
     fn toks(sources: &[usize]) -> Vec<OutToken> {
         sources
             .iter()
             .map(|&source| OutToken {
-                id: 0,
-                source,
-                logprob: 0.0,
-                top_logprobs: vec![],
-                router_score: None,
+                event: TokenEvent {
+                    id: 0,
+                    source,
+                    logprob: 0.0,
+                    top_logprobs: vec![],
+                    router_score: None,
+                },
                 text_offset: 0,
             })
             .collect()

@@ -86,16 +86,16 @@ impl ResponseContext {
             return ChoiceExtension::default();
         }
         ChoiceExtension {
-            token_sources: Some(tokens.iter().map(|t| self.source(t.source)).collect()),
+            token_sources: Some(tokens.iter().map(|t| self.source(t.event.source)).collect()),
             token_details: Some(
                 tokens
                     .iter()
                     .zip(token_texts(tokens, text))
                     .map(|(t, text)| TokenDetail {
-                        source: self.source(t.source),
+                        source: self.source(t.event.source),
                         text,
-                        logprob: t.logprob,
-                        router_score: t.router_score,
+                        logprob: t.event.logprob,
+                        router_score: t.event.router_score,
                     })
                     .collect(),
             ),
@@ -107,12 +107,13 @@ impl ResponseContext {
         let content = tokens
             .iter()
             .map(|t| {
-                let token = self.token_text(t.id);
+                let token = self.token_text(t.event.id);
                 ChatLogprob {
                     bytes: token.as_bytes().to_vec(),
                     token,
-                    logprob: t.logprob,
+                    logprob: t.event.logprob,
                     top_logprobs: t
+                        .event
                         .top_logprobs
                         .iter()
                         .map(|&(id, logprob)| {
@@ -124,7 +125,7 @@ impl ResponseContext {
                             }
                         })
                         .collect(),
-                    source: self.source(t.source),
+                    source: self.source(t.event.source),
                 }
             })
             .collect();
@@ -135,16 +136,17 @@ impl ResponseContext {
         let k = self.logprobs?;
         let mut out = LegacyLogprobs::default();
         for t in tokens {
-            out.tokens.push(self.token_text(t.id));
-            out.token_logprobs.push(t.logprob);
+            out.tokens.push(self.token_text(t.event.id));
+            out.token_logprobs.push(t.event.logprob);
             out.top_logprobs.push((k > 0).then(|| {
-                t.top_logprobs
+                t.event
+                    .top_logprobs
                     .iter()
                     .map(|&(id, lp)| (self.token_text(id), lp))
                     .collect::<BTreeMap<_, _>>()
             }));
             out.text_offset.push(t.text_offset);
-            out.sources.push(self.source(t.source));
+            out.sources.push(self.source(t.event.source));
         }
         Some(out)
     }
@@ -313,16 +315,19 @@ fn token_texts(tokens: &[OutToken], text: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokenrouter_api::TokenEvent;
 
     fn toks(offsets: &[usize]) -> Vec<OutToken> {
         offsets
             .iter()
             .map(|&text_offset| OutToken {
-                id: 0,
-                source: 0,
-                logprob: 0.0,
-                top_logprobs: vec![],
-                router_score: None,
+                event: TokenEvent {
+                    id: 0,
+                    source: 0,
+                    logprob: 0.0,
+                    top_logprobs: vec![],
+                    router_score: None,
+                },
                 text_offset,
             })
             .collect()

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use tokenrouter_api::{
     Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, SubmitError, TextError,
 };
-use tokenrouter_runtime::{Message, Sampler, SamplingConfig};
+use tokenrouter_runtime::{Message, Sampler};
 
 impl Backend for Engine {
     fn models(&self) -> Vec<ModelInfo> {
@@ -288,17 +288,7 @@ impl Engine {
         let rid = self.inner.next_rid.fetch_add(1, Ordering::SeqCst);
         let s = &request.sampling;
         let seed = s.seed.unwrap_or_else(rand::random);
-        let cfg = SamplingConfig {
-            temperature: s.temperature,
-            top_p: s.top_p,
-            top_k: s.top_k,
-            min_p: s.min_p,
-            repetition_penalty: s.repetition_penalty,
-            presence_penalty: s.presence_penalty,
-            frequency_penalty: s.frequency_penalty,
-            logit_bias: s.logit_bias.clone(),
-        };
-        let sampler = Sampler::new(cfg, seed, &request.prompt_ids);
+        let sampler = Sampler::new(s.clone(), seed, &request.prompt_ids);
         let mut stop_ids = request.stop_token_ids.clone();
         if !request.ignore_eos {
             stop_ids.extend_from_slice(eos_ids);

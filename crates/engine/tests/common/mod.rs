@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 use tokenrouter_api::{Backend, GenerateEvent, GenerateRequest, SamplingParams};
 use tokenrouter_engine::{Engine, EngineConfig};
 use tokenrouter_runtime::synth::{write_hf_dir, SynthSpec};
-use tokenrouter_runtime::{
-    load_model, Arch, LoadOptions, Row, Sampler, SamplingConfig, StepOptions,
-};
+use tokenrouter_runtime::{load_model, Arch, LoadOptions, Row, Sampler, StepOptions};
 
 pub struct Pair {
     pub dir: tempfile::TempDir,
@@ -98,7 +96,7 @@ pub async fn run(e: &Engine, req: GenerateRequest) -> (Vec<u32>, Vec<usize>) {
 /// Greedy decoding with the runtime alone (the reference the engine must reproduce).
 pub fn greedy_alone(model: &Path, prompt: &[u32], n: usize, limit: usize) -> Vec<u32> {
     let mut m = load_model(model, &LoadOptions::default()).unwrap();
-    let mut s = Sampler::new(SamplingConfig::default(), 0, prompt);
+    let mut s = Sampler::new(SamplingParams::greedy(), 0, prompt);
     let mut out = Vec::new();
     let mut next = prompt.to_vec();
     for _ in 0..n {
