@@ -15,29 +15,16 @@ use tokenrouter_runtime::{
 };
 
 pub fn parse_device(s: &str) -> Result<Device> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        s if s == "cuda" || s.starts_with("cuda:") => {
-            let n = s
-                .strip_prefix("cuda:")
-                .unwrap_or("0")
-                .parse::<usize>()
-                .context("bad device")?;
-            Ok(Device::new_cuda(n)?)
-        }
-        o => bail!("unknown device `{o}` (use cpu, cuda or cuda:N)"),
-    }
+    let spec: tokenrouter_runtime::DeviceSpec = s.parse().map_err(anyhow::Error::msg)?;
+    spec.open().map_err(anyhow::Error::msg)
 }
 
 pub fn parse_dtype(s: Option<&str>, dev: &Device) -> Result<DType> {
-    Ok(match s {
-        None if dev.is_cpu() => DType::F32,
-        None => DType::BF16,
-        Some("f32") => DType::F32,
-        Some("bf16") => DType::BF16,
-        Some("f16") => DType::F16,
-        Some(o) => bail!("unknown dtype `{o}`"),
-    })
+    let spec = match dev {
+        Device::Cpu => tokenrouter_runtime::DeviceSpec::Cpu,
+        _ => tokenrouter_runtime::DeviceSpec::Cuda(0),
+    };
+    spec.dtype(s).map_err(anyhow::Error::msg)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

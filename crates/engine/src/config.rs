@@ -5,7 +5,7 @@
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use tokenrouter_runtime::KernelOptions;
+use tokenrouter_runtime::{DeviceSpec, KernelOptions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -227,11 +227,15 @@ pub struct EngineConfig {
     pub file: PathBuf,
 }
 
-/// A validated model entry.
+/// A validated model entry: its section as written and the values resolved from it before
+/// any weights load.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NamedModel {
     pub name: String,
     pub section: ModelSection,
+    pub device: DeviceSpec,
+    /// Compute dtype for dense weights (the section's, else the device's default).
+    pub dtype: candle_core::DType,
 }
 
 /// "did you mean ...?" for serde's `unknown field `x`, expected one of `a`, `b`, ...`: the
@@ -335,7 +339,19 @@ fn parse_models(
             let m = e.to_string();
             invalid(format!("model.{name}: {m}{}", hint_for(&m)))
         })?;
-        out.push(NamedModel { name, section });
+        let device: DeviceSpec = section
+            .device
+            .parse()
+            .map_err(|e| invalid(format!("model.{name}.device: {e}")))?;
+        let dtype = device
+            .dtype(section.dtype.as_deref())
+            .map_err(|e| invalid(format!("model.{name}.dtype: {e}")))?;
+        out.push(NamedModel {
+            name,
+            section,
+            device,
+            dtype,
+        });
     }
     if out.is_empty() {
         return Err(invalid("model: at least one model is required".into()));

@@ -299,7 +299,7 @@ impl Engine {
             .config
             .models()?
             .iter()
-            .any(|m| m.section.device.starts_with("cuda"));
+            .any(|m| m.device.is_cuda());
         if self.inner.config.system.warmup.unwrap_or(gpu) {
             crate::warmup::warm_up(self, &loaded.shared)?;
         }

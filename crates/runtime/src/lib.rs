@@ -7,6 +7,7 @@ pub mod attention;
 pub mod attention_device;
 pub mod config;
 pub mod cpu_quant;
+pub mod device_spec;
 #[cfg(feature = "cuda")]
 pub mod cuda_attention;
 #[cfg(feature = "cuda")]
@@ -31,6 +32,7 @@ pub mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use error::{Result, RuntimeError};
+pub use device_spec::DeviceSpec;
 pub use kernel_options::{CpuKernel, KernelOptions};
 pub use kv::{KvCapacity, KvUsage, SeqId};
 pub use load::{

@@ -15,41 +15,6 @@ use tokenrouter_runtime::{
     SharedVocab, TextModel,
 };
 
-fn parse_device(spec: &str) -> Result<candle_core::Device, String> {
-    match spec {
-        "cpu" => Ok(candle_core::Device::Cpu),
-        s if s == "cuda" || s.starts_with("cuda:") => {
-            let n = s
-                .strip_prefix("cuda:")
-                .unwrap_or("0")
-                .parse::<usize>()
-                .map_err(|_| format!("bad device `{s}`"))?;
-            candle_core::Device::new_cuda(n).map_err(|e| format!("device `{s}`: {e}"))
-        }
-        other => Err(format!(
-            "unknown device `{other}` (use cpu, cuda or cuda:N)"
-        )),
-    }
-}
-
-fn parse_dtype(
-    spec: Option<&str>,
-    device: &candle_core::Device,
-) -> Result<candle_core::DType, String> {
-    use candle_core::DType;
-    match spec {
-        None => Ok(if device.is_cpu() {
-            DType::F32
-        } else {
-            DType::BF16
-        }),
-        Some("f32") | Some("float32") => Ok(DType::F32),
-        Some("bf16") | Some("bfloat16") => Ok(DType::BF16),
-        Some("f16") | Some("float16") => Ok(DType::F16),
-        Some(o) => Err(format!("unknown dtype `{o}` (use f32, bf16 or f16)")),
-    }
-}
-
 /// The config.json of a `random_weights` model: relative to the config file, else as given.
 fn shape_path(spec: &str, config_file: &Path) -> Result<PathBuf, String> {
     let p = Path::new(spec);
@@ -102,17 +67,16 @@ pub fn load_config_models(
             message,
         };
         // The device first: a CPU-only build must not download a GPU model before failing.
-        let device = parse_device(&m.section.device).map_err(err)?;
+        let device = m.device.open().map_err(err)?;
         let path = if m.section.random_weights {
             shape_path(&m.section.model_path, &config.file).map_err(err)?
         } else {
             resolve_path(&m.section.model_path, &config.file).map_err(err)?
         };
-        let dtype = parse_dtype(m.section.dtype.as_deref(), &device).map_err(err)?;
         let opts = LoadOptions {
             device,
             kv: KvBudget::Tokens(m.section.kv_cache_tokens.unwrap_or(32_768)),
-            dtype,
+            dtype: m.dtype,
             kernels: m.section.runtime,
         };
         tracing::info!(model = %m.name, path = %path.display(), "loading");
