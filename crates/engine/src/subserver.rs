@@ -11,12 +11,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tokenrouter_api::{FinishReason, ModelIndex};
-use tokenrouter_runtime::{Row, Runner, RuntimeError, Sampled, StepOptions};
+use tokenrouter_runtime::{Runner, RuntimeError, StepOptions};
 
 mod after_step;
 mod faults;
+mod run_step;
 mod shared;
-use after_step::StepSeen;
 pub use faults::InjectedFaults;
 pub use shared::{BusyClock, Shared, StepSample};
 
@@ -404,23 +404,7 @@ impl SubServer {
             return false;
         }
         self.preempt_to_fit();
-        let mut rows = Vec::with_capacity(self.running.len());
-        let mut prefill = false;
-        for r in &self.running {
-            let mut cached = self.runner.seq_len(r.rid).unwrap_or(0);
-            prefill |= cached == 0;
-            if cached >= r.total_len() {
-                // Everything is cached (the sender dropped the token after ours): recompute
-                // the last position to get its logits.
-                cached = r.total_len() - 1;
-                self.runner.truncate(r.rid, cached);
-            }
-            rows.push(Row::new(r.rid, r.tokens_from(cached)));
-        }
-        let opts = StepOptions {
-            want_hidden: self.needs.hidden,
-            all_logits: false,
-        };
+        let (rows, prefill) = self.build_rows();
         // CPU models take turns (waiting is not part of the step's latency).
         let shared = self.shared.clone();
         let _turn = self
@@ -441,113 +425,22 @@ impl SubServer {
                 return true;
             }
         };
-        let limit = self.sample_limit;
-        let on_device = !self.runner.model().device().is_cpu()
-            && self.needs.no_logits
-            && self
-                .running
-                .iter()
-                .all(|r| r.top_logprobs == 0 && r.sampler.config.is_plain_greedy());
-        let (want_entropy, want_top) = (self.needs.entropy, self.needs.top_logits);
-        let name = &self.shared.names[self.idx];
-        let result = self.runner.step(&rows, opts).and_then(|output| {
-            let entropy = if want_entropy {
-                Some(output.entropy_rows(limit)?)
-            } else {
-                None
-            };
-            let top = if want_top > 0 {
-                output
-                    .top_logits_rows(limit, want_top)
-                    .map_err(|e| {
-                        tracing::warn!(model = %name, error = %e, "top logits on the device failed; reading them from host logits");
-                    })
-                    .ok()
-            } else {
-                None
-            };
-            // Without the top logits the policy reads them from the host logits.
-            let on_device = on_device && (want_top == 0 || top.is_some());
-            let (sampled, logits) = if on_device {
-                let sampled = output
-                    .greedy_rows(limit)?
-                    .into_iter()
-                    .map(|(token, logprob)| Sampled {
-                        token,
-                        logprob,
-                        top: Vec::new(),
-                    })
-                    .collect();
-                (sampled, None)
-            } else {
-                let mut logits = output.logits_rows()?;
-                if poison_first {
-                    if let Some(first) = logits.first_mut() {
-                        first.iter_mut().for_each(|x| *x = f32::NAN);
-                    }
-                }
-                // A row with NaN logits is not sampled (it fails alone, after the step).
-                let sampled = self
-                    .running
-                    .iter_mut()
-                    .zip(&logits)
-                    .map(|(r, l)| {
-                        if l[..limit.min(l.len())].iter().any(|x| x.is_nan()) {
-                            Sampled {
-                                token: 0,
-                                logprob: f32::NAN,
-                                top: Vec::new(),
-                            }
-                        } else {
-                            r.sampler.sample(l, limit, r.top_logprobs)
-                        }
-                    })
-                    .collect::<Vec<_>>();
-                (sampled, Some(logits))
-            };
-            Ok((output, sampled, logits, entropy, top))
-        });
+        let result = self.forward_and_sample(&rows, poison_first);
         // Timed until the results are on the host: GPU steps run asynchronously.
         let ended = Instant::now();
         let elapsed = (ended - started).as_secs_f64();
         let busy = self.shared.busy.end(mark, ended, elapsed);
         self.step_ended(elapsed);
-        let (output, sampled, logits, entropy, top) = match result {
+        let mut stepped = match result {
             Ok(r) => r,
             Err(e) => {
                 self.fail_batch(e, out);
                 return true;
             }
         };
-        let batch = rows.len();
-        let m = &self.shared.metrics;
-        m.step_latency
-            .with_label_values(&[self.name()])
-            .observe(elapsed);
-        m.batch_size
-            .with_label_values(&[self.name()])
-            .observe(batch as f64);
-        if let Ok(mut log) = self.shared.latency_log.lock() {
-            // Drained by the online tuner; without one (or if it falls behind) only the
-            // latest samples are kept, so the log never grows without bound.
-            if log.len() >= shared::MAX_LATENCY_SAMPLES {
-                log.drain(..shared::MAX_LATENCY_SAMPLES / 2);
-            }
-            log.push(StepSample {
-                model: self.idx,
-                batch,
-                prefill,
-                seconds: elapsed,
-                busy,
-            });
-        }
-        let seen = StepSeen {
-            logits: logits.as_deref(),
-            entropy: entropy.as_deref(),
-            top_logits: top.as_deref(),
-            hidden: output.hidden.as_ref(),
-        };
-        self.after_step(sampled, seen, out);
+        self.record_step(rows.len(), prefill, elapsed, busy);
+        let sampled = std::mem::take(&mut stepped.sampled);
+        self.after_step(sampled, stepped.seen(), out);
         self.publish();
         true
     }

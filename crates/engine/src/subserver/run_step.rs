@@ -1,0 +1,167 @@
+//! The parts of one step between admission and routing: the rows the batch runs, the
+//! forward pass with what the policy needs from it (entropy, top logits), sampling (on the
+//! device for plain greedy batches, else per request on the host), and the step's record
+//! (metrics, the latency log the online tuner reads).
+
+use super::after_step::StepSeen;
+use super::{shared, StepSample, SubServer};
+use tokenrouter_runtime::{Row, RuntimeError, Sampled, StepOptions, StepOutput};
+
+/// What the forward pass and sampling produced for the running batch.
+pub(super) struct Stepped {
+    output: StepOutput,
+    /// Host logits per row (absent when sampled on the device).
+    logits: Option<Vec<Vec<f32>>>,
+    entropy: Option<Vec<f32>>,
+    top: Option<Vec<Vec<f32>>>,
+    pub sampled: Vec<Sampled>,
+}
+
+impl Stepped {
+    pub fn seen(&self) -> StepSeen<'_> {
+        StepSeen {
+            logits: self.logits.as_deref(),
+            entropy: self.entropy.as_deref(),
+            top_logits: self.top.as_deref(),
+            hidden: self.output.hidden.as_ref(),
+        }
+    }
+}
+
+impl SubServer {
+    /// One row per running request: what its KV here has not seen yet (all of it on first
+    /// contact). Also whether any row is a prefill.
+    pub(super) fn build_rows(&mut self) -> (Vec<Row>, bool) {
+        let mut rows = Vec::with_capacity(self.running.len());
+        let mut prefill = false;
+        for r in &self.running {
+            let mut cached = self.runner.seq_len(r.rid).unwrap_or(0);
+            prefill |= cached == 0;
+            if cached >= r.total_len() {
+                // Everything is cached (the sender dropped the token after ours): recompute
+                // the last position to get its logits.
+                cached = r.total_len() - 1;
+                self.runner.truncate(r.rid, cached);
+            }
+            rows.push(Row::new(r.rid, r.tokens_from(cached)));
+        }
+        (rows, prefill)
+    }
+
+    /// The forward pass and sampling. `poison_first` (fault injection) makes the first
+    /// row's logits NaN.
+    pub(super) fn forward_and_sample(
+        &mut self,
+        rows: &[Row],
+        poison_first: bool,
+    ) -> Result<Stepped, RuntimeError> {
+        let limit = self.sample_limit;
+        let on_device = !self.runner.model().device().is_cpu()
+            && self.needs.no_logits
+            && self
+                .running
+                .iter()
+                .all(|r| r.top_logprobs == 0 && r.sampler.config.is_plain_greedy());
+        let (want_entropy, want_top) = (self.needs.entropy, self.needs.top_logits);
+        let opts = StepOptions {
+            want_hidden: self.needs.hidden,
+            all_logits: false,
+        };
+        let output = self.runner.step(rows, opts)?;
+        let entropy = if want_entropy {
+            Some(output.entropy_rows(limit)?)
+        } else {
+            None
+        };
+        let top = if want_top > 0 {
+            let name = &self.shared.names[self.idx];
+            output
+                .top_logits_rows(limit, want_top)
+                .map_err(|e| {
+                    tracing::warn!(model = %name, error = %e, "top logits on the device failed; reading them from host logits");
+                })
+                .ok()
+        } else {
+            None
+        };
+        // Without the top logits the policy reads them from the host logits.
+        if on_device && (want_top == 0 || top.is_some()) {
+            let sampled = output
+                .greedy_rows(limit)?
+                .into_iter()
+                .map(|(token, logprob)| Sampled {
+                    token,
+                    logprob,
+                    top: Vec::new(),
+                })
+                .collect();
+            return Ok(Stepped {
+                output,
+                logits: None,
+                entropy,
+                top,
+                sampled,
+            });
+        }
+        let mut logits = output.logits_rows()?;
+        if poison_first {
+            if let Some(first) = logits.first_mut() {
+                first.iter_mut().for_each(|x| *x = f32::NAN);
+            }
+        }
+        let sampled = self.sample_on_host(&logits);
+        Ok(Stepped {
+            output,
+            logits: Some(logits),
+            entropy,
+            top,
+            sampled,
+        })
+    }
+
+    /// Each request's own sampler over its row. A row with NaN logits is not sampled (it
+    /// fails alone, after the step).
+    fn sample_on_host(&mut self, logits: &[Vec<f32>]) -> Vec<Sampled> {
+        let limit = self.sample_limit;
+        self.running
+            .iter_mut()
+            .zip(logits)
+            .map(|(r, l)| {
+                if l[..limit.min(l.len())].iter().any(|x| x.is_nan()) {
+                    Sampled {
+                        token: 0,
+                        logprob: f32::NAN,
+                        top: Vec::new(),
+                    }
+                } else {
+                    r.sampler.sample(l, limit, r.top_logprobs)
+                }
+            })
+            .collect()
+    }
+
+    /// Metrics and the latency log of a finished step.
+    pub(super) fn record_step(&self, batch: usize, prefill: bool, elapsed: f64, busy: f64) {
+        let m = &self.shared.metrics;
+        m.step_latency
+            .with_label_values(&[self.name()])
+            .observe(elapsed);
+        m.batch_size
+            .with_label_values(&[self.name()])
+            .observe(batch as f64);
+        if let Ok(mut log) = self.shared.latency_log.lock() {
+            // Drained by the online tuner; without one (or if it falls behind) only the
+            // latest samples are kept, so the log never grows without bound.
+            if log.len() >= shared::MAX_LATENCY_SAMPLES {
+                log.drain(..shared::MAX_LATENCY_SAMPLES / 2);
+            }
+            log.push(StepSample {
+                model: self.idx,
+                batch,
+                prefill,
+                seconds: elapsed,
+                busy,
+            });
+        }
+    }
+}
