@@ -319,6 +319,26 @@ class Suite:
         raise AssertionError(f"after the disconnect: kv {state[0]}, active {state[1]}, "
                              f"aborted {before} -> {state[2]}")
 
+    def test_oov_prompt_beside_decoding_requests(self):
+        """Issue 15's attack: an out-of-vocabulary token id while 4 requests decode. The bad
+        request gets 400 naming `prompt`; the 4 finish normally."""
+        import concurrent.futures
+        def decode(i):
+            r = self.client.completions.create(model=ROUTED, prompt=f"Count {i}:", max_tokens=24,
+                                               temperature=0, extra_body={"ignore_eos": True})
+            return r.choices[0].finish_reason, r.usage.completion_tokens
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            running = [pool.submit(decode, i) for i in range(4)]
+            time.sleep(0.05)
+            bad = []
+            for ids in ([1, 2, 999999], [1, 2, 4294967295], [1, 2, 3, 2**40]):
+                bad.append(self.raw_post("/completions", json.dumps(
+                    {"model": ROUTED, "prompt": ids, "max_tokens": 8}).encode()))
+            done = [f.result(timeout=120) for f in running]
+        for status, body in bad:
+            check(status == 400 and body["error"]["param"] == "prompt", (status, body))
+        check(done == [("length", 24)] * 4, done)
+
     def test_health_and_version(self):
         with urllib.request.urlopen(self.root + "/health", timeout=10) as resp:
             check(resp.status == 200, resp.status)

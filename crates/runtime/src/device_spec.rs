@@ -84,6 +84,9 @@ mod tests {
         assert_eq!(DeviceSpec::Cpu.dtype(None), Ok(DType::F32));
         assert_eq!(DeviceSpec::Cuda(0).dtype(None), Ok(DType::BF16));
         assert_eq!(DeviceSpec::Cpu.dtype(Some("bfloat16")), Ok(DType::BF16));
-        assert!(DeviceSpec::Cpu.dtype(Some("f8")).unwrap_err().contains("f8"));
+        assert!(DeviceSpec::Cpu
+            .dtype(Some("f8"))
+            .unwrap_err()
+            .contains("f8"));
     }
 }

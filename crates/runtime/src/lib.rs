@@ -7,7 +7,6 @@ pub mod attention;
 pub mod attention_device;
 pub mod config;
 pub mod cpu_quant;
-pub mod device_spec;
 #[cfg(feature = "cuda")]
 pub mod cuda_attention;
 #[cfg(feature = "cuda")]
@@ -18,6 +17,7 @@ pub mod cuda_gemv;
 pub mod cuda_kernels;
 #[cfg(feature = "cuda")]
 pub mod cuda_profile;
+pub mod device_spec;
 pub mod error;
 pub mod ggml_ops;
 pub mod kernel_options;
@@ -31,8 +31,8 @@ pub mod text;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
-pub use error::{Result, RuntimeError};
 pub use device_spec::DeviceSpec;
+pub use error::{Result, RuntimeError};
 pub use kernel_options::{CpuKernel, KernelOptions};
 pub use kv::{KvCapacity, KvUsage, SeqId};
 pub use load::{
