@@ -6,7 +6,6 @@
 pub mod attention;
 pub mod attention_device;
 pub mod config;
-pub mod cpu_quant;
 #[cfg(feature = "cuda")]
 pub mod cuda_attention;
 #[cfg(feature = "cuda")]
@@ -42,3 +41,5 @@ pub use load::{
 pub use runner::{Row, Runner, StepOptions, StepOutput};
 pub use sampling::{Sampled, Sampler, SamplingParams};
 pub use text::{check_shared_vocab, Message, SharedVocab, TextModel};
+/// The CPU quantised matmuls (their own crate: they depend on nothing else here).
+pub use tokenrouter_cpu_kernels as cpu_quant;

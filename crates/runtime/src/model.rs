@@ -40,7 +40,7 @@ pub(crate) fn matmul_t(x: &Tensor, w: &QMatMul) -> candle_core::Result<Tensor> {
 pub struct Linear {
     w: QMatMul,
     /// Q5_0 / Q8_0 / Q4_K / Q6_K weights on the CPU run on our SIMD kernels instead, with
-    /// llama.cpp's arithmetic (see `cpu_quant/`).
+    /// llama.cpp's arithmetic (see the `tokenrouter-cpu-kernels` crate).
     cpu: Option<CpuMatmul>,
     b: Option<Tensor>,
 }
@@ -61,7 +61,7 @@ impl Linear {
         } else {
             None
         };
-        let cpu = CpuMatmul::new(&w, kernels);
+        let cpu = CpuMatmul::new(&w, kernels.cpu_q5, kernels.cpu_qk);
         Ok(Self { w, cpu, b })
     }
 
@@ -245,7 +245,7 @@ impl Transformer {
             embed,
             layers,
             norm,
-            lm_head_cpu: CpuMatmul::new(&lm_head, kernels),
+            lm_head_cpu: CpuMatmul::new(&lm_head, kernels.cpu_q5, kernels.cpu_qk),
             lm_head,
             rope,
             rope_dev: OnceLock::new(),

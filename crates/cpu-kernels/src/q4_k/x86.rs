@@ -28,7 +28,7 @@ pub(super) mod avx512 {
     /// # Safety
     /// The CPU must support AVX512F, AVX512BW and AVX512-VNNI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(in crate::cpu_quant::q4_k) unsafe fn dot<const M: usize>(
+    pub(in crate::q4_k) unsafe fn dot<const M: usize>(
         tiles: &[Tile],
         acts: &[&[u8]],
         gemm: [bool; MT],
@@ -136,7 +136,7 @@ macro_rules! kernels256 {
             /// # Safety
             /// The CPU must support `$features`.
             #[target_feature(enable = $features)]
-            pub(in crate::cpu_quant::q4_k) unsafe fn dot<const M: usize>(
+            pub(in crate::q4_k) unsafe fn dot<const M: usize>(
                 tiles: &[Tile],
                 acts: &[&[u8]],
                 gemm: [bool; MT],

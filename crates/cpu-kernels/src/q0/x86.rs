@@ -161,7 +161,7 @@ macro_rules! x86_kernels {
             /// # Safety
             /// The CPU must support `$features`.
             #[target_feature(enable = $features)]
-            pub(in crate::cpu_quant::q0) unsafe fn dot_acts(
+            pub(in crate::q0) unsafe fn dot_acts(
                 format: Format,
                 ws: &[&[u8]],
                 acts: &[&[u8]; TILE],
@@ -203,7 +203,7 @@ macro_rules! x86_kernels {
             /// # Safety
             /// The CPU must support `$features`.
             #[target_feature(enable = $features)]
-            pub(in crate::cpu_quant::q0) unsafe fn dot_weights(
+            pub(in crate::q0) unsafe fn dot_weights(
                 format: Format,
                 ws: &[&[u8]; TILE],
                 q: &[u8],

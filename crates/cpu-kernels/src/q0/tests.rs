@@ -1,7 +1,7 @@
 use super::*;
 use candle_core::{Device, Module};
 
-use crate::cpu_quant::test_util::{quantized, rel_diff, values};
+use crate::test_util::{quantized, rel_diff, values};
 
 fn q5_weight(n: usize, k: usize, seed: u64) -> QMatMul {
     quantized(n, k, seed, GgmlDType::Q5_0)
@@ -136,7 +136,7 @@ fn extreme_values_decode_exactly() {
 #[test]
 fn batched_input_and_other_dtypes() {
     let w = q5_weight(16, 64, 9);
-    let ours = Q0Matmul::new(&w, crate::kernel_options::CpuKernel::Auto).unwrap();
+    let ours = Q0Matmul::new(&w, crate::CpuKernel::Auto).unwrap();
     let x = Tensor::from_vec(values(2 * 3 * 64, 1), (2, 3, 64), &Device::Cpu).unwrap();
     let got = ours.forward(&x).unwrap();
     assert_eq!(got.dims(), &[2, 3, 16]);

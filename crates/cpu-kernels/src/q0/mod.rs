@@ -26,7 +26,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
 use super::{par_chunks, SharedMut};
-use crate::kernel_options::CpuKernel;
+use crate::CpuKernel;
 
 /// Values per block (Q5_0 and Q8_0 alike).
 const QK: usize = 32;

@@ -12,7 +12,7 @@ pub(super) mod avx512 {
     /// # Safety
     /// The CPU must support AVX512F, AVX512BW, AVX512-VNNI and FMA.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-    pub(in crate::cpu_quant::q6_k) unsafe fn dot<const TILED: bool, const A: usize>(
+    pub(in crate::q6_k) unsafe fn dot<const TILED: bool, const A: usize>(
         ws: &[&[u8]; ROWS],
         qs: [&[u8]; A],
     ) -> [[f32; ROWS]; A] {
@@ -123,7 +123,7 @@ pub(super) mod avx2 {
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in crate::cpu_quant::q6_k) unsafe fn dot<const TILED: bool>(
+    pub(in crate::q6_k) unsafe fn dot<const TILED: bool>(
         ws: &[&[u8]; ROWS],
         q: &[u8],
     ) -> [f32; ROWS] {

@@ -21,7 +21,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
 use super::{par_chunks, SharedMut};
-use crate::kernel_options::CpuKernel;
+use crate::CpuKernel;
 
 /// Values per super-block.
 const QK_K: usize = 256;

@@ -1,7 +1,7 @@
 use super::*;
 use candle_core::{Device, Module};
 
-use crate::cpu_quant::test_util::{quantized, rel_diff, values};
+use crate::test_util::{quantized, rel_diff, values};
 
 fn q4k_weight(n: usize, k: usize, seed: u64) -> QMatMul {
     quantized(n, k, seed, GgmlDType::Q4K)

@@ -8,21 +8,23 @@
 //! - [`q6_k`]: Q6_K x Q8_K for single rows (decode), where candle runs its AVX2 dot product
 //!   one weight row at a time.
 //!
-//! `Linear` (model.rs) asks [`CpuMatmul::new`] for each weight; `None` leaves it to candle.
+//! The runtime's `Linear` asks [`CpuMatmul::new`] for each weight; `None` leaves it to
+//! candle. This crate depends on nothing of ours and holds most of the project's `unsafe`
+//! (the SIMD kernels, each checked bit for bit against its scalar loop).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{CpuStorage, Layout, Shape, Tensor};
 use std::sync::Arc;
 
-use crate::kernel_options::KernelOptions;
-
 pub mod act_quant;
+mod choice;
 pub mod q0;
 pub mod q4_k;
 pub mod q6_k;
 #[cfg(test)]
 mod test_util;
 
+pub use choice::CpuKernel;
 pub use q0::Q0Matmul;
 pub use q4_k::Q4kMatmul;
 pub use q6_k::Q6kMatmul;
@@ -37,15 +39,15 @@ pub enum CpuMatmul {
 
 impl CpuMatmul {
     /// Takes over `w` when one of our kernels handles its type on this CPU (and the
-    /// options' `cpu_q5` / `cpu_qk` choices leave it on).
-    pub fn new(w: &QMatMul, opts: &KernelOptions) -> Option<Self> {
-        if let Some(q) = Q0Matmul::new(w, opts.cpu_q5) {
+    /// choices for Q5_0/Q8_0 (`q5`) and Q4_K/Q6_K (`qk`) weights leave it on).
+    pub fn new(w: &QMatMul, q5: CpuKernel, qk: CpuKernel) -> Option<Self> {
+        if let Some(q) = Q0Matmul::new(w, q5) {
             return Some(Self::Q0(q));
         }
-        if let Some(q) = Q4kMatmul::new(w, opts.cpu_qk) {
+        if let Some(q) = Q4kMatmul::new(w, qk) {
             return Some(Self::Q4K(q));
         }
-        Q6kMatmul::new(w, opts.cpu_qk).map(Self::Q6K)
+        Q6kMatmul::new(w, qk).map(Self::Q6K)
     }
 
     /// `x @ w^T` for `x` of shape `[.., k]`, its rows grouped into sequences by `seqs`.
