@@ -10,7 +10,8 @@
 #      (TOKENROUTER_NO_SKIP=1: every test that would skip for something missing
 #      — models, python3 with `openai` — fails instead);
 #   5. runs the web view's end-to-end test in headless Chromium (installs Debian's chromium);
-#   6. runs clippy on every target with warnings as errors.
+#   6. runs clippy on every target with warnings as errors;
+#   7. checks that the engine builds as a library without the download stack (`fetch` off).
 # fmt, tests and clippy all run even when an earlier one fails; the summary names the failures.
 #
 # Environment: CARGO_TARGET_DIR (default target/), TOKENROUTER_CACHE (model cache, default
@@ -76,6 +77,10 @@ check "web view in headless Chromium" crates/server/tests/browser/run.sh
 if [ "${SKIP_CLIPPY:-0}" != 1 ]; then
   check "cargo clippy" cargo clippy --workspace --all-targets --release --keep-going -- -D warnings
 fi
+
+# The engine as a library without the download stack (`fetch` feature off): what the Python
+# binding and remote sub-servers build on.
+check "engine without the fetch feature" cargo check --release -p tokenrouter-engine --no-default-features
 
 if [ ${#failed[@]} -gt 0 ]; then
   step "FAILED after $(elapsed): ${failed[*]}"

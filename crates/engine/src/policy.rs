@@ -184,7 +184,7 @@ impl PolicyContext {
             .strip_prefix("$TOKENROUTER_CACHE/")
             .or_else(|| p.strip_prefix("${TOKENROUTER_CACHE}/"))
         {
-            return tokenrouter_fetch::default_cache_dir().join(rest);
+            return cache_dir().join(rest);
         }
         let p = Path::new(p);
         if p.is_absolute() {
@@ -279,4 +279,25 @@ impl Default for Registry {
         crate::methods::register_all(&mut r);
         r
     }
+}
+
+/// The tokenrouter cache (trained routers live there).
+#[cfg(feature = "fetch")]
+fn cache_dir() -> PathBuf {
+    tokenrouter_fetch::default_cache_dir()
+}
+
+/// The tokenrouter cache without the fetch crate, by the fetch crate's rule:
+/// `TOKENROUTER_CACHE`, else `$XDG_CACHE_HOME/tokenrouter`, else `~/.cache/tokenrouter`.
+#[cfg(not(feature = "fetch"))]
+fn cache_dir() -> PathBuf {
+    let set = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    set("TOKENROUTER_CACHE")
+        .or_else(|| set("XDG_CACHE_HOME").map(|x| x.join("tokenrouter")))
+        .or_else(|| set("HOME").map(|h| h.join(".cache").join("tokenrouter")))
+        .unwrap_or_else(|| std::env::temp_dir().join("tokenrouter-cache"))
 }

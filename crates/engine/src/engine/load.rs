@@ -40,9 +40,29 @@ fn resolve_path(spec: &str, config_file: &Path) -> Result<PathBuf, String> {
             return Ok(rel);
         }
     }
+    resolve_elsewhere(spec)
+}
+
+#[cfg(feature = "fetch")]
+fn resolve_elsewhere(spec: &str) -> Result<PathBuf, String> {
     tokenrouter_fetch::resolve_model(spec)
         .map(|l| l.path().to_path_buf())
         .map_err(|e| e.to_string())
+}
+
+/// Without the `fetch` feature (a library build without the download stack) a model is a
+/// path on disk.
+#[cfg(not(feature = "fetch"))]
+fn resolve_elsewhere(spec: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(spec);
+    if p.exists() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "`{spec}` is not a file or directory (model ids, the Hugging Face cache and built-in \
+             names need tokenrouter-engine's `fetch` feature)"
+        ))
+    }
 }
 
 /// A model of a config, loaded: its name, the path it came from and its runner and text.
