@@ -14,17 +14,12 @@ use tokenrouter_runtime::{
     load_random, load_runner, KvBudget, LoadOptions, ModelConfig, Row, Runner, StepOptions,
 };
 
-pub fn parse_device(s: &str) -> Result<Device> {
-    let spec: tokenrouter_runtime::DeviceSpec = s.parse().map_err(anyhow::Error::msg)?;
-    spec.open().map_err(anyhow::Error::msg)
-}
-
-pub fn parse_dtype(s: Option<&str>, dev: &Device) -> Result<DType> {
-    let spec = match dev {
-        Device::Cpu => tokenrouter_runtime::DeviceSpec::Cpu,
-        _ => tokenrouter_runtime::DeviceSpec::Cuda(0),
-    };
-    spec.dtype(s).map_err(anyhow::Error::msg)
+/// The device a `--device` flag names and the compute dtype (`--dtype`, else the device's
+/// default), from one parse of the spec.
+pub fn open_device(device: &str, dtype: Option<&str>) -> Result<(Device, DType)> {
+    let spec: tokenrouter_runtime::DeviceSpec = device.parse().map_err(anyhow::Error::msg)?;
+    let dtype = spec.dtype(dtype).map_err(anyhow::Error::msg)?;
+    Ok((spec.open().map_err(anyhow::Error::msg)?, dtype))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -153,8 +148,7 @@ pub struct RandomBench<'a> {
 }
 
 pub fn run_random(b: RandomBench) -> Result<()> {
-    let dev = parse_device(b.device)?;
-    let dtype = parse_dtype(b.dtype, &dev)?;
+    let (dev, dtype) = open_device(b.device, b.dtype)?;
     let name = b
         .config
         .file_stem()
@@ -271,8 +265,7 @@ pub fn check_logits(
     device: &str,
     dtype: Option<&str>,
 ) -> Result<()> {
-    let dev = parse_device(device)?;
-    let dtype = parse_dtype(dtype, &dev)?;
+    let (dev, dtype) = open_device(device, dtype)?;
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(ids_file)?)?;
     let ids = |k: &str| -> Result<Vec<u32>> {
         Ok(serde_json::from_value(

@@ -15,11 +15,10 @@ pub fn check_fused(_config: &Path, _device: &str) -> Result<()> {
 
 #[cfg(feature = "cuda")]
 pub fn check_fused(config: &Path, device: &str) -> Result<()> {
-    use crate::device_bench::parse_device;
     use tokenrouter_runtime::cuda_check::check_paged_attention;
     // Kernels run here outside a model's step: the environment's switches apply to them.
     let _kernels = crate::kernel_env::from_env()?.enter();
-    let dev = parse_device(device)?;
+    let (dev, _) = crate::device_bench::open_device(device, None)?;
     let mut worst = 0f32;
     let mut kernel_worst = std::collections::BTreeMap::new();
     println!("| heads (q/kv x dim) | rows | tokens | max ctx | max abs err | mean abs err | max abs ref |");

@@ -17,7 +17,7 @@ pub fn matmul_bench(config: &Path, device: &str) -> Result<()> {
     use std::time::Instant;
     use tokenrouter_runtime::cuda_gemv::Gemv;
     let _kernels = crate::kernel_env::from_env()?.enter();
-    let dev = crate::device_bench::parse_device(device)?;
+    let (dev, _) = crate::device_bench::open_device(device, None)?;
     let c = tokenrouter_runtime::ModelConfig::from_hf_json(config)?;
     let (h, hd) = (c.hidden_size, c.head_dim);
     let shapes = [
