@@ -11,7 +11,9 @@
 #      — models, python3 with `openai` — fails instead);
 #   5. runs the web view's end-to-end test in headless Chromium (installs Debian's chromium);
 #   6. runs clippy on every target with warnings as errors;
-#   7. checks that the engine builds as a library without the download stack (`fetch` off).
+#   7. checks that the engine builds as a library without the download stack (`fetch` off);
+#   8. installs the Python package as a user would (a fresh venv, `pip install ./python`:
+#      maturin builds the wheel from crates.io and PyPI only) and runs its pytest suite.
 # fmt, tests and clippy all run even when an earlier one fails; the summary names the failures.
 #
 # Environment: CARGO_TARGET_DIR (default target/), TOKENROUTER_CACHE (model cache, default
@@ -81,6 +83,20 @@ fi
 # The engine as a library without the download stack (`fetch` feature off): what the Python
 # binding and remote sub-servers build on.
 check "engine without the fetch feature" cargo check --release -p tokenrouter-engine --no-default-features
+
+# The Python package as a user installs it: a fresh venv, `pip install ./python` (reusing
+# this workspace's compiled crates through the shared target directory), then pytest on the
+# tiny synthetic pair, including the research system's own examples.
+python_package() {
+  local venv t0
+  venv="$(mktemp -d)/venv"
+  python3 -m venv "$venv" || { echo "python3 -m venv failed (Debian: apt-get install python3-venv)"; return 1; }
+  t0=$(date +%s)
+  "$venv/bin/pip" install --quiet "./python[test]" || return 1
+  echo "pip install ./python in a fresh venv (with pytest, openai): $(( $(date +%s) - t0 ))s"
+  "$venv/bin/python" -m pytest -q python/tests
+}
+check "python package (fresh venv, pytest)" python_package
 
 if [ ${#failed[@]} -gt 0 ]; then
   step "FAILED after $(elapsed): ${failed[*]}"

@@ -65,6 +65,75 @@ impl SamplingParams {
         }
     }
 
+    /// The one place sampling values are checked (the engine checks every request with it,
+    /// whatever front end built it): finite, and within the ranges OpenAI and SGLang accept.
+    /// The error names the field.
+    pub fn validate(&self) -> Result<(), InvalidParam> {
+        let fields = [
+            (
+                "temperature",
+                self.temperature,
+                0.0,
+                f32::MAX,
+                "must be >= 0",
+            ),
+            (
+                "top_p",
+                self.top_p,
+                f32::MIN_POSITIVE,
+                1.0,
+                "must be in (0, 1]",
+            ),
+            ("min_p", self.min_p, 0.0, 1.0, "must be in [0, 1]"),
+            (
+                "repetition_penalty",
+                self.repetition_penalty,
+                f32::MIN_POSITIVE,
+                f32::MAX,
+                "must be > 0",
+            ),
+            (
+                "presence_penalty",
+                self.presence_penalty,
+                -2.0,
+                2.0,
+                "must be in [-2, 2]",
+            ),
+            (
+                "frequency_penalty",
+                self.frequency_penalty,
+                -2.0,
+                2.0,
+                "must be in [-2, 2]",
+            ),
+        ];
+        for (param, value, low, high, rule) in fields {
+            if !value.is_finite() {
+                return Err(InvalidParam::new(
+                    param,
+                    format!("`{param}` must be a finite number"),
+                ));
+            }
+            if !(low..=high).contains(&value) {
+                return Err(InvalidParam::new(
+                    param,
+                    format!("`{param}` {rule}, got {value}"),
+                ));
+            }
+        }
+        if let Some((id, bias)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return Err(InvalidParam::new(
+                "logit_bias",
+                format!("`logit_bias` values must be in [-100, 100], got {bias} for {id}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Plain greedy decoding: the argmax of the raw logits is the token (no temperature,
     /// penalties or bias), so the choice can be made where the logits are (e.g. a GPU).
     pub fn is_plain_greedy(&self) -> bool {
@@ -73,6 +142,32 @@ impl SamplingParams {
             && self.frequency_penalty == 0.0
             && self.repetition_penalty == 1.0
             && self.logit_bias.is_empty()
+    }
+}
+
+/// A request field with a bad value: which field, and why (OpenAI's error `param`).
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+#[error("{message}")]
+pub struct InvalidParam {
+    pub param: String,
+    pub message: String,
+}
+
+impl InvalidParam {
+    pub fn new(param: &str, message: String) -> Self {
+        Self {
+            param: param.to_string(),
+            message,
+        }
+    }
+}
+
+impl From<InvalidParam> for SubmitError {
+    fn from(e: InvalidParam) -> Self {
+        SubmitError::InvalidField {
+            param: e.param,
+            message: e.message,
+        }
     }
 }
 
@@ -241,5 +336,62 @@ pub trait Backend: Send + Sync + 'static {
     /// in a step past the watchdog. `/health` answers 503 naming them.
     fn unhealthy(&self) -> Vec<(String, String)> {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_names_the_bad_field() {
+        assert!(SamplingParams::default().validate().is_ok());
+        assert!(SamplingParams::greedy().validate().is_ok());
+        let bad = [
+            SamplingParams {
+                temperature: -0.1,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                min_p: f32::NAN,
+                ..Default::default()
+            },
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                presence_penalty: 2.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                frequency_penalty: f32::INFINITY,
+                ..Default::default()
+            },
+            SamplingParams {
+                logit_bias: vec![(3, 101.0)],
+                ..Default::default()
+            },
+        ];
+        let params: Vec<String> = bad
+            .iter()
+            .map(|s| s.validate().unwrap_err().param)
+            .collect();
+        assert_eq!(
+            params,
+            [
+                "temperature",
+                "top_p",
+                "min_p",
+                "repetition_penalty",
+                "presence_penalty",
+                "frequency_penalty",
+                "logit_bias"
+            ]
+        );
     }
 }

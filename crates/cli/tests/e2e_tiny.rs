@@ -9,45 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokenrouter_engine::{Engine, EngineConfig};
-use tokenrouter_runtime::synth::{write_hf_dir, SynthSpec};
-use tokenrouter_runtime::Arch;
 use tokenrouter_server::ServerConfig;
 
-/// Writes the pair (same tokenizer, different architectures and weights) and a config
-/// routing between them at random with p = 0.5. Returns the config path.
+/// The tiny pair routing at random with p = 0.5. Returns the config path.
 fn tiny_setup(dir: &Path, system_extra: &str) -> PathBuf {
-    // Untied embeddings: with tied ones a random model mostly repeats its last token.
-    let mut small = SynthSpec::tiny(Arch::Qwen2, 1);
-    small.max_position = 4096;
-    small.tie_embeddings = false;
-    let mut large = SynthSpec::tiny(Arch::Qwen3, 2);
-    large.max_position = 4096;
-    large.num_layers = 3;
-    large.tie_embeddings = false;
-    let small = write_hf_dir(&small, &dir.join("small")).expect("write small model");
-    let large = write_hf_dir(&large, &dir.join("large")).expect("write large model");
-    let yaml = format!(
-        "model:
-  quick:
-    model_path: {}
-    scheduler_class: random_slm
-    scheduler_kwargs: {{p: 0.5, seed: 0}}
-    kv_cache_tokens: 16384
-  reference:
-    model_path: {}
-    scheduler_class: random_llm
-    kv_cache_tokens: 16384
-    delayed_batching_threshold: [1, 2]
-system:
-  entry_model: quick
-  execution: async
-{system_extra}",
-        small.display(),
-        large.display()
-    );
-    let file = dir.join("tiny.yaml");
-    std::fs::write(&file, yaml).expect("write config");
-    file
+    tokenrouter_engine::synth_pair::write_tiny_pair(dir, 0.5, 0, system_extra)
+        .expect("write the tiny pair")
 }
 
 fn python_with_openai() -> bool {

@@ -142,6 +142,17 @@ pub struct SystemSection {
     /// Faults to inject (tests): `[{model: reference, step: 3, kind: panic}]`.
     #[serde(default)]
     pub fault_injection: Vec<FaultSpec>,
+    /// The routed model's name in the API (`/v1/models`, a request's `model`); None: the
+    /// server's default (`tokenrouter`).
+    #[serde(default)]
+    pub served_model_name: Option<String>,
+    /// More names meaning the routed model; the research system's clients send `default`.
+    #[serde(default = "default_model_aliases")]
+    pub served_model_aliases: Vec<String>,
+}
+
+fn default_model_aliases() -> Vec<String> {
+    vec!["default".to_string()]
 }
 
 fn default_watchdog() -> f64 {

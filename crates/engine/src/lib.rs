@@ -12,6 +12,7 @@ pub mod profile;
 pub mod request;
 pub mod routing_knob;
 pub mod subserver;
+pub mod synth_pair;
 pub mod tuner;
 pub mod turn;
 pub(crate) mod warmup;

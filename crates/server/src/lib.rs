@@ -37,6 +37,14 @@ pub use error::{ApiError, ServerError};
 pub use shutdown::serve;
 pub use tokenrouter_api::Backend;
 
+/// Engine tokens to text, as the server releases it: incremental detokenization, stop
+/// strings across tokens of different models, and which tokens each piece of text carries.
+/// Public so in-process clients (the Python package) return exactly what HTTP returns.
+pub mod text {
+    pub use crate::choice::{ChoiceDecoder, Delta, OutToken, Step};
+    pub use crate::stop::StopStrings;
+}
+
 use state::{AppState, Lifecycle};
 
 /// The HTTP app over `backend`. Shutdown handling needs [`serve`]; a bare router never

@@ -179,50 +179,10 @@ fn bounded_logprobs(param: &str, k: u64, cfg: &ServerConfig) -> Result<usize, Ap
     Ok(k as usize)
 }
 
+/// The request's sampling fields as the engine's type; the value rules are
+/// `SamplingParams::validate`'s (the engine checks them again for every front end).
 fn sampling_params(f: &CommonFields) -> Result<SamplingParams, ApiError> {
     let d = SamplingParams::default();
-    let temperature = check(f.temperature, "temperature", d.temperature, |t| {
-        (t >= 0.0).then_some(()).ok_or("must be >= 0")
-    })?;
-    let top_p = check(f.top_p, "top_p", d.top_p, |p| {
-        (p > 0.0 && p <= 1.0)
-            .then_some(())
-            .ok_or("must be in (0, 1]")
-    })?;
-    let min_p = check(f.min_p, "min_p", d.min_p, |p| {
-        (0.0..=1.0)
-            .contains(&p)
-            .then_some(())
-            .ok_or("must be in [0, 1]")
-    })?;
-    let repetition_penalty = check(
-        f.repetition_penalty,
-        "repetition_penalty",
-        d.repetition_penalty,
-        |p| (p > 0.0).then_some(()).ok_or("must be > 0"),
-    )?;
-    let presence_penalty = check(
-        f.presence_penalty,
-        "presence_penalty",
-        d.presence_penalty,
-        |p| {
-            (-2.0..=2.0)
-                .contains(&p)
-                .then_some(())
-                .ok_or("must be in [-2, 2]")
-        },
-    )?;
-    let frequency_penalty = check(
-        f.frequency_penalty,
-        "frequency_penalty",
-        d.frequency_penalty,
-        |p| {
-            (-2.0..=2.0)
-                .contains(&p)
-                .then_some(())
-                .ok_or("must be in [-2, 2]")
-        },
-    )?;
     let top_k = match f.top_k {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
@@ -241,34 +201,35 @@ fn sampling_params(f: &CommonFields) -> Result<SamplingParams, ApiError> {
                 format!("`logit_bias` keys must be token ids, got {key:?}"),
             )
         })?;
-        if !(-100.0..=100.0).contains(&bias) {
-            return Err(ApiError::invalid(
-                "logit_bias",
-                format!("`logit_bias` values must be in [-100, 100], got {bias} for {id}"),
-            ));
-        }
-        logit_bias.push((id, bias as f32));
+        logit_bias.push((id, finite(Some(bias), "logit_bias", 0.0)?));
     }
-    Ok(SamplingParams {
-        temperature,
-        top_p,
+    let sampling = SamplingParams {
+        temperature: finite(f.temperature, "temperature", d.temperature)?,
+        top_p: finite(f.top_p, "top_p", d.top_p)?,
         top_k,
-        min_p,
-        repetition_penalty,
-        presence_penalty,
-        frequency_penalty,
+        min_p: finite(f.min_p, "min_p", d.min_p)?,
+        repetition_penalty: finite(
+            f.repetition_penalty,
+            "repetition_penalty",
+            d.repetition_penalty,
+        )?,
+        presence_penalty: finite(f.presence_penalty, "presence_penalty", d.presence_penalty)?,
+        frequency_penalty: finite(
+            f.frequency_penalty,
+            "frequency_penalty",
+            d.frequency_penalty,
+        )?,
         logit_bias,
         seed: f.seed.map(|s| s as u64),
-    })
+    };
+    sampling
+        .validate()
+        .map_err(|e| ApiError::invalid(&e.param, e.message))?;
+    Ok(sampling)
 }
 
-/// Validates an optional float field with `ok`, or returns `default`.
-fn check(
-    value: Option<f64>,
-    param: &str,
-    default: f32,
-    ok: impl Fn(f64) -> Result<(), &'static str>,
-) -> Result<f32, ApiError> {
+/// An optional JSON number as an f32, or `default`.
+fn finite(value: Option<f64>, param: &str, default: f32) -> Result<f32, ApiError> {
     match value {
         None => Ok(default),
         // Finite as an f64 is not enough: 3.5e38 is infinite once it is an f32.
@@ -276,9 +237,7 @@ fn check(
             param,
             format!("`{param}` must be a finite number"),
         )),
-        Some(v) => ok(v)
-            .map(|()| v as f32)
-            .map_err(|why| ApiError::invalid(param, format!("`{param}` {why}, got {v}"))),
+        Some(v) => Ok(v as f32),
     }
 }
 

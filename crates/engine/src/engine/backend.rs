@@ -171,25 +171,7 @@ fn check_token_ids(request: &GenerateRequest, limit: usize) -> Result<(), Submit
             format!("token id {id} is not in the vocabulary (valid ids: 0..{limit})"),
         ));
     }
-    let s = &request.sampling;
-    for (name, v) in [
-        ("temperature", s.temperature),
-        ("top_p", s.top_p),
-        ("min_p", s.min_p),
-        ("repetition_penalty", s.repetition_penalty),
-        ("presence_penalty", s.presence_penalty),
-        ("frequency_penalty", s.frequency_penalty),
-    ] {
-        if !v.is_finite() {
-            return Err(invalid(name, format!("`{name}` must be a finite number")));
-        }
-    }
-    if s.logit_bias.iter().any(|(_, b)| !b.is_finite()) {
-        return Err(invalid(
-            "logit_bias",
-            "biases must be finite numbers".into(),
-        ));
-    }
+    request.sampling.validate()?;
     Ok(())
 }
 

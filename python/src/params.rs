@@ -1,0 +1,151 @@
+//! `sampling_params` as the research system and SGLang spell them (`max_new_tokens`,
+//! `top_k = -1`, `stop`, `sampling_seed`, …), parsed once into the engine's request type.
+//! Unknown keys are refused by name: a misspelt key silently ignored is a wrong experiment.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use tokenrouter_api::{GenerateRequest, RoutingOverrides, SamplingParams};
+use tokenrouter_server::text::StopStrings;
+
+/// SGLang's default when `max_new_tokens` is absent.
+const DEFAULT_MAX_NEW_TOKENS: usize = 128;
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The keys a `sampling_params` dict may hold. `null` means the default everywhere, except
+/// `max_new_tokens: null`, which means "up to the context length" (as in SGLang).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawParams {
+    #[serde(default = "default_max_new_tokens")]
+    max_new_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    /// -1 (SGLang) or 0 disables it.
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    stop: Option<OneOrMany>,
+    stop_token_ids: Option<Vec<u32>>,
+    ignore_eos: Option<bool>,
+    skip_special_tokens: Option<bool>,
+    #[serde(alias = "sampling_seed")]
+    seed: Option<u64>,
+    /// Token id (as a string key, like OpenAI's) → bias added to its logit.
+    logit_bias: Option<BTreeMap<String, f32>>,
+    /// Also return each token's log-probability in `meta_info`.
+    return_logprob: Option<bool>,
+    /// Our extension: per-request overrides of the routing method's kwargs.
+    routing: Option<BTreeMap<String, f64>>,
+}
+
+fn default_max_new_tokens() -> Option<usize> {
+    Some(DEFAULT_MAX_NEW_TOKENS)
+}
+
+/// A parsed `sampling_params`: what every prompt of one `generate` call shares.
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// None: up to the context length.
+    pub max_new_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub skip_special_tokens: bool,
+    pub return_logprob: bool,
+    pub routing: RoutingOverrides,
+}
+
+impl Params {
+    /// Parses the JSON text of a `sampling_params` dict; the message names the bad key.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let raw: RawParams = if text.trim().is_empty() || text.trim() == "null" {
+            RawParams {
+                max_new_tokens: default_max_new_tokens(),
+                ..RawParams::default()
+            }
+        } else {
+            serde_json::from_str(text).map_err(|e| {
+                // serde's position ("at line 1 column 13") is of our JSON, not the user's dict.
+                let message = e.to_string();
+                let message = message.split(" at line ").next().unwrap_or_default();
+                format!("sampling_params: {message}")
+            })?
+        };
+        let defaults = SamplingParams::default();
+        let mut logit_bias = Vec::new();
+        for (key, bias) in raw.logit_bias.unwrap_or_default() {
+            let id = key.parse::<u32>().map_err(|_| {
+                format!("sampling_params: logit_bias key `{key}` is not a token id")
+            })?;
+            logit_bias.push((id, bias));
+        }
+        let top_k = raw.top_k.unwrap_or(0);
+        if top_k < -1 {
+            return Err(format!(
+                "sampling_params: top_k must be -1 (off), 0 (off) or positive, got {top_k}"
+            ));
+        }
+        Ok(Self {
+            max_new_tokens: raw.max_new_tokens,
+            sampling: SamplingParams {
+                temperature: raw.temperature.unwrap_or(defaults.temperature),
+                top_p: raw.top_p.unwrap_or(defaults.top_p),
+                top_k: top_k.max(0) as usize,
+                min_p: raw.min_p.unwrap_or(defaults.min_p),
+                repetition_penalty: raw
+                    .repetition_penalty
+                    .unwrap_or(defaults.repetition_penalty),
+                presence_penalty: raw.presence_penalty.unwrap_or(defaults.presence_penalty),
+                frequency_penalty: raw.frequency_penalty.unwrap_or(defaults.frequency_penalty),
+                logit_bias,
+                seed: raw.seed,
+            },
+            stop: match raw.stop {
+                None => Vec::new(),
+                Some(OneOrMany::One(s)) => vec![s],
+                Some(OneOrMany::Many(v)) => v,
+            },
+            stop_token_ids: raw.stop_token_ids.unwrap_or_default(),
+            ignore_eos: raw.ignore_eos.unwrap_or(false),
+            skip_special_tokens: raw.skip_special_tokens.unwrap_or(true),
+            return_logprob: raw.return_logprob.unwrap_or(false),
+            routing: RoutingOverrides(raw.routing.unwrap_or_default()),
+        })
+    }
+
+    /// The engine request for one prompt; `context_length` bounds `max_new_tokens: null`.
+    pub fn request(
+        &self,
+        prompt_ids: Vec<u32>,
+        pinned_model: Option<usize>,
+        context_length: usize,
+    ) -> GenerateRequest {
+        let max_tokens = self
+            .max_new_tokens
+            .unwrap_or_else(|| context_length.saturating_sub(prompt_ids.len()));
+        GenerateRequest {
+            prompt_ids,
+            sampling: self.sampling.clone(),
+            max_tokens,
+            stop_token_ids: self.stop_token_ids.clone(),
+            ignore_eos: self.ignore_eos,
+            pinned_model,
+            top_logprobs: 0,
+            routing: self.routing.clone(),
+        }
+    }
+
+    pub fn stop_strings(&self) -> StopStrings {
+        StopStrings::new(self.stop.clone())
+    }
+}

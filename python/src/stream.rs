@@ -1,0 +1,177 @@
+//! One generation in flight, as Python iterates it: engine tokens become text chunks with
+//! the model that wrote each token, through the same decoder the HTTP server uses (stop
+//! strings, incremental detokenization). Waiting happens without the GIL and in short
+//! slices, so Ctrl-C reaches Python; closing (or dropping) the stream aborts the request
+//! in every model and frees its KV.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tokenrouter_api::{Backend, FinishReason, GenerateEvent, GenerateStream};
+use tokenrouter_server::text::{ChoiceDecoder, Delta, Step};
+
+use crate::EngineError;
+
+/// How long one wait lasts before Python gets to check for signals.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+struct Live {
+    events: GenerateStream,
+    decoder: ChoiceDecoder,
+    engine: tokenrouter_engine::Engine,
+    skip_special_tokens: bool,
+}
+
+/// What one wait produced.
+enum Poll {
+    /// Nothing releasable yet (the slice ended or the token's text is held back).
+    Pending,
+    Chunk(Delta, Option<&'static str>),
+    Failed(String),
+    Closed,
+}
+
+#[pyclass(module = "tokenrouter._native")]
+pub struct Stream {
+    live: Mutex<Option<Live>>,
+    rt: Arc<tokio::runtime::Runtime>,
+    #[pyo3(get)]
+    request_id: u64,
+    #[pyo3(get)]
+    prompt_tokens: usize,
+    #[pyo3(get)]
+    max_new_tokens: usize,
+    /// The request asked for per-token log-probabilities in its result.
+    #[pyo3(get)]
+    return_logprob: bool,
+}
+
+impl Stream {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        events: GenerateStream,
+        engine: tokenrouter_engine::Engine,
+        decoder: ChoiceDecoder,
+        skip_special_tokens: bool,
+        rt: Arc<tokio::runtime::Runtime>,
+        prompt_tokens: usize,
+        max_new_tokens: usize,
+        return_logprob: bool,
+    ) -> Self {
+        Self {
+            request_id: events.request_id,
+            live: Mutex::new(Some(Live {
+                events,
+                decoder,
+                engine,
+                skip_special_tokens,
+            })),
+            rt,
+            prompt_tokens,
+            max_new_tokens,
+            return_logprob,
+        }
+    }
+
+    /// Waits one slice for the engine and runs what arrived through the decoder.
+    fn poll(&self) -> Poll {
+        let Ok(mut slot) = self.live.lock() else {
+            return Poll::Failed("the stream's state was poisoned by a panic".into());
+        };
+        let Some(live) = slot.as_mut() else {
+            return Poll::Closed;
+        };
+        let event = self
+            .rt
+            .block_on(async { tokio::time::timeout(WAIT_SLICE, live.events.events.recv()).await });
+        let skip = live.skip_special_tokens;
+        let engine = &live.engine;
+        let decode = |ids: &[u32]| engine.decode(ids, skip);
+        let outcome = match event {
+            Err(_elapsed) => return Poll::Pending,
+            Ok(Some(GenerateEvent::Token(token))) => match live.decoder.push(token, decode) {
+                Ok(Step::Continue(Some(delta))) => return Poll::Chunk(delta, None),
+                Ok(Step::Continue(None)) => return Poll::Pending,
+                Ok(Step::Stopped(delta)) => Poll::Chunk(delta, Some("stop")),
+                Err(e) => Poll::Failed(e.to_string()),
+            },
+            Ok(Some(GenerateEvent::Finished { reason })) => match live.decoder.finish(decode) {
+                Ok((delta, true)) => Poll::Chunk(delta, Some("stop")),
+                Ok((delta, false)) => Poll::Chunk(delta, Some(reason_name(reason))),
+                Err(e) => Poll::Failed(e.to_string()),
+            },
+            Ok(Some(GenerateEvent::Error(message))) => Poll::Failed(message),
+            // The engine went away (shut down) without finishing the request.
+            Ok(None) => match live.decoder.finish(decode) {
+                Ok((delta, _)) => Poll::Chunk(delta, Some("abort")),
+                Err(e) => Poll::Failed(e.to_string()),
+            },
+        };
+        // Finished one way or another: dropping the engine stream ends the request.
+        *slot = None;
+        outcome
+    }
+}
+
+fn reason_name(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Abort => "abort",
+    }
+}
+
+#[pymethods]
+impl Stream {
+    /// The next chunk — a dict with `text`, `token_ids`, `sources` (model index per token),
+    /// `logprobs` and `finish_reason` (None until the last chunk) — or None once finished.
+    /// Blocks without the GIL; a KeyboardInterrupt aborts the request.
+    fn next_chunk<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        loop {
+            match py.detach(|| self.poll()) {
+                Poll::Pending => {
+                    if let Err(interrupt) = py.check_signals() {
+                        self.close();
+                        return Err(interrupt);
+                    }
+                }
+                Poll::Closed => return Ok(None),
+                Poll::Failed(message) => return Err(EngineError::new_err(message)),
+                Poll::Chunk(delta, finish) => {
+                    let chunk = PyDict::new(py);
+                    let tokens = &delta.tokens;
+                    chunk.set_item("text", delta.text.as_str())?;
+                    chunk.set_item(
+                        "token_ids",
+                        tokens.iter().map(|t| t.event.id).collect::<Vec<_>>(),
+                    )?;
+                    chunk.set_item(
+                        "sources",
+                        tokens.iter().map(|t| t.event.source).collect::<Vec<_>>(),
+                    )?;
+                    chunk.set_item(
+                        "logprobs",
+                        tokens.iter().map(|t| t.event.logprob).collect::<Vec<_>>(),
+                    )?;
+                    chunk.set_item("finish_reason", finish)?;
+                    return Ok(Some(chunk));
+                }
+            }
+        }
+    }
+
+    /// Aborts the request (if still running): every model frees its KV within a step.
+    fn close(&self) {
+        if let Ok(mut slot) = self.live.lock() {
+            *slot = None;
+        }
+    }
+
+    /// True until the last chunk was returned or the stream was closed.
+    #[getter]
+    fn running(&self) -> bool {
+        self.live.lock().map(|s| s.is_some()).unwrap_or(false)
+    }
+}

@@ -1,0 +1,1 @@
+"""The research system's import paths (``tokenrouter.entrypoints.engine``)."""
