@@ -111,7 +111,31 @@ pub struct BenchArgs {
     /// Do not print the result table (the summary is still returned and written).
     #[arg(long)]
     pub quiet: bool,
+    /// Print one table comparing finished runs (each DIR holds a `requests.csv` of this
+    /// command, e.g. one per method or concurrency) instead of running a benchmark.
+    #[arg(long, value_name = "DIR", num_args = 1..)]
+    pub report: Vec<PathBuf>,
+    /// The research system's positional form, kept for its scripts: CONCURRENCY PORT
+    /// NUM_PROMPTS REPEATS MAX_TOKENS OUT_DIR DATASET (a prefix may be given; the rest keep
+    /// their defaults). PORT means http://127.0.0.1:PORT.
+    #[arg(
+        value_name = "POSITIONAL",
+        num_args = 0..=7,
+        conflicts_with_all = ["concurrency", "request_rate", "base_url", "num_prompts", "repeats", "max_tokens", "out_dir", "dataset"]
+    )]
+    pub positional: Vec<String>,
 }
+
+/// Names of the positional values, in order (for messages).
+const POSITIONAL: [&str; 7] = [
+    "CONCURRENCY",
+    "PORT",
+    "NUM_PROMPTS",
+    "REPEATS",
+    "MAX_TOKENS",
+    "OUT_DIR",
+    "DATASET",
+];
 
 impl BenchArgs {
     /// Parses flags for tests and embedding: `BenchArgs::from_flags(["--concurrency", "4"])`.
@@ -123,6 +147,42 @@ impl BenchArgs {
         let argv = std::iter::once(std::ffi::OsString::from("bench"))
             .chain(flags.into_iter().map(Into::into));
         BenchArgs::try_parse_from(argv).map_err(|e| BenchError::Argument(e.to_string()))
+    }
+
+    /// Moves the research system's positional values onto the flags they stand for.
+    pub fn resolve_positional(mut self) -> Result<BenchArgs, BenchError> {
+        let values = std::mem::take(&mut self.positional);
+        let number = |i: usize| -> Result<u64, BenchError> {
+            values[i].parse::<u64>().map_err(|_| {
+                BenchError::Argument(format!(
+                    "{} (positional value {}) must be a whole number, got {:?}",
+                    POSITIONAL[i],
+                    i + 1,
+                    values[i]
+                ))
+            })
+        };
+        for i in 0..values.len() {
+            match i {
+                0 => self.concurrency = Some(number(0)? as usize),
+                1 => {
+                    let port = u16::try_from(number(1)?).map_err(|_| {
+                        BenchError::Argument(format!("PORT must be ≤ 65535, got {}", values[1]))
+                    })?;
+                    self.base_url = format!("http://127.0.0.1:{port}");
+                }
+                2 => self.num_prompts = Some(number(2)? as usize),
+                3 => self.repeats = number(3)? as usize,
+                4 => {
+                    self.max_tokens = u32::try_from(number(4)?).map_err(|_| {
+                        BenchError::Argument(format!("MAX_TOKENS is too large: {}", values[4]))
+                    })?
+                }
+                5 => self.out_dir = Some(PathBuf::from(&values[5])),
+                _ => self.dataset = values[6].clone(),
+            }
+        }
+        Ok(self)
     }
 
     /// Checks values clap cannot check.
@@ -189,6 +249,42 @@ mod tests {
             .expect("flags");
         assert_eq!(a.request_rate, Some(f64::INFINITY));
         assert!(a.validate().is_ok());
+    }
+
+    #[test]
+    fn the_research_systems_positional_form_maps_onto_the_flags() {
+        let a = BenchArgs::from_flags(["4", "30001", "30", "2", "2048", "out/r2r", "aime.jsonl"])
+            .expect("flags")
+            .resolve_positional()
+            .expect("positional");
+        assert_eq!(a.concurrency, Some(4));
+        assert_eq!(a.base_url, "http://127.0.0.1:30001");
+        assert_eq!(
+            (a.num_prompts, a.repeats, a.max_tokens),
+            (Some(30), 2, 2048)
+        );
+        assert_eq!(a.out_dir, Some(PathBuf::from("out/r2r")));
+        assert_eq!(a.dataset, "aime.jsonl");
+        // A prefix keeps the other defaults.
+        let b = BenchArgs::from_flags(["8"])
+            .unwrap()
+            .resolve_positional()
+            .unwrap();
+        assert_eq!(
+            (b.concurrency, b.repeats, b.dataset.as_str()),
+            (Some(8), 1, "math")
+        );
+        // Not both forms, and numbers must be numbers.
+        assert!(BenchArgs::from_flags(["4", "--concurrency", "2"]).is_err());
+        let bad = BenchArgs::from_flags(["four"])
+            .unwrap()
+            .resolve_positional();
+        assert!(bad.unwrap_err().to_string().contains("CONCURRENCY"));
+        let port = BenchArgs::from_flags(["1", "70000"])
+            .unwrap()
+            .resolve_positional();
+        assert!(port.unwrap_err().to_string().contains("PORT"));
+        assert!(BenchArgs::from_flags(["1", "2", "3", "4", "5", "6", "7", "8"]).is_err());
     }
 
     #[test]

@@ -11,6 +11,7 @@
 mod args;
 mod builtin;
 mod client;
+mod compare;
 mod dataset;
 mod report;
 
@@ -26,6 +27,7 @@ use tokio::sync::{mpsc, Semaphore};
 
 pub use args::{BenchArgs, BenchError, Endpoint};
 pub use client::RequestRecord;
+pub use compare::{compare_runs, read_requests_csv};
 pub use dataset::{load as load_dataset, Prompt};
 pub use report::{Stats, Summary, CSV_COLUMNS};
 
@@ -101,6 +103,7 @@ fn progress_bar(args: &BenchArgs, total: usize) -> ProgressBar {
 /// Runs the benchmark described by `args`, prints the table (unless `--quiet`) and writes the
 /// output files (with `--out-dir`). Failed requests are counted, they do not stop the run.
 pub async fn run(args: BenchArgs) -> Result<Summary, BenchError> {
+    let args = args.resolve_positional()?;
     args.validate()?;
     let prompts = dataset::load(&args.dataset)?;
     let client = reqwest::Client::builder()

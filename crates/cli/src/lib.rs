@@ -146,6 +146,10 @@ fn run(command: Command) -> Result<()> {
             }
             Ok(())
         }
+        Command::Bench(a) if !a.report.is_empty() => {
+            print!("{}", tokenrouter_bench::compare_runs(&a.report)?);
+            Ok(())
+        }
         Command::Bench(a) => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(tokenrouter_bench::run(a))?;
