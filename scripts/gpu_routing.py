@@ -15,23 +15,19 @@ Usage: python3 scripts/gpu_routing.py --bin BIN [--concurrency 1 4 8 16] [--max-
 import argparse, json, os, re, signal, subprocess, sys, time, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE = os.path.join(ROOT, "config", "random", "Qwen3-0.6B_Qwen3-32B_random-weights.yaml")
+VARIANTS_FILE = os.path.join(ROOT, "config", "random", "routing_variants.json")
+VARIANTS = json.load(open(VARIANTS_FILE))
+BASE = os.path.join(os.path.dirname(VARIANTS_FILE), VARIANTS["base"])
 
-def config(variant, p):
-    text = open(BASE).read()
-    text = text.replace("{p: 0.35, seed: 0}", "{p: %s, seed: 0}" % p)
-    shapes = os.path.join(ROOT, "config", "shapes")
-    text = text.replace("../shapes", shapes)
-    if variant in ("slm_only", "llm_only"):
-        text = text.replace("random_slm", variant).replace("random_llm", variant)
-        text = text.replace("{p: %s, seed: 0}" % p, "{}")
-    if variant == "sync":
-        text = text.replace("execution: async", "execution: sync")
-    if variant in ("sync", "async", "slm_only", "llm_only"):
-        text = text.replace("delayed_batching_threshold: auto", "delayed_batching_threshold: 1")
-    elif variant.startswith("static:"):
-        text = text.replace("delayed_batching_threshold: auto", "delayed_batching_threshold: " + variant.split(":", 1)[1])
-    return text
+def overrides(variant, p):
+    """The `serve --set` overrides of one variant (config/random/routing_variants.json)."""
+    if variant.startswith("static:"):
+        sets = [s.replace("{B}", variant.split(":", 1)[1]) for s in VARIANTS["static"]]
+    elif variant in VARIANTS["variants"]:
+        sets = VARIANTS["variants"][variant]
+    else:
+        sys.exit(f"unknown variant {variant!r}: known {sorted(VARIANTS['variants'])} or static:B")
+    return [f"{VARIANTS['rate']}={p}"] + sets
 
 def get(port, path, timeout=5):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
@@ -95,10 +91,13 @@ def main():
             continue
         d = os.path.join(args.out, v.replace(":", "_"))
         os.makedirs(d, exist_ok=True)
-        cfg = os.path.join(d, "config.yaml")
-        open(cfg, "w").write(config(v, args.p))
+        sets = overrides(v, args.p)
+        open(os.path.join(d, "overrides.txt"), "w").write("\n".join(sets) + "\n")
         log = open(os.path.join(d, "server.log"), "w")
-        srv = subprocess.Popen([args.bin, "serve", "--config", cfg, "--port", str(args.port)], stdout=log, stderr=log)
+        cmd = [args.bin, "serve", "--config", BASE, "--port", str(args.port)]
+        for s in sets:
+            cmd += ["--set", s]
+        srv = subprocess.Popen(cmd, stdout=log, stderr=log)
         try:
             load_s = wait_ready(args.port, srv)
             print(f"{v}: ready in {load_s:.0f}s", file=sys.stderr, flush=True)

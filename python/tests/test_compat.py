@@ -108,3 +108,15 @@ def test_console_script_is_the_cli():
     mod = subprocess.run([sys.executable, "-m", "tokenrouter", "plan-batching", "--help"],
                          capture_output=True, text=True, timeout=60)
     assert mod.returncode == 0 and "--latencies" in mod.stdout
+
+
+def test_launch_server_flags_map_onto_serve():
+    from tokenrouter.launch_server import serve_argv
+
+    assert serve_argv(["--config_path", "pair.yaml", "--port", "30001",
+                       "--set", "model.quick.scheduler_kwargs.threshold=0.1"]) == [
+        "tokenrouter", "serve", "--host", "0.0.0.0", "--port", "30001", "--config", "pair.yaml",
+        "--set", "model.quick.scheduler_kwargs.threshold=0.1",
+    ]
+    assert serve_argv(["--config-path", "a.yaml", "--api-key", "k"])[-4:] == [
+        "--config", "a.yaml", "--api-key", "k"]

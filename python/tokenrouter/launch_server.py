@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="require Authorization: Bearer <key> on /v1/*")
     p.add_argument("--allowed_origins", "--allowed-origins", dest="allowed_origins",
                    help="browser origins allowed to call the API (CORS), comma-separated")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="change one config value, e.g. model.quick.scheduler_kwargs.threshold=0.1")
     p.add_argument("--shutdown_grace", "--shutdown-grace", dest="shutdown_grace", type=int,
                    help="seconds in-flight requests get to finish after SIGTERM")
     return p
@@ -40,6 +42,8 @@ def serve_argv(argv: Optional[List[str]] = None) -> List[str]:
         cmd += ["--api-key", a.api_key]
     if a.allowed_origins:
         cmd += ["--allowed-origins", a.allowed_origins]
+    for o in a.overrides:
+        cmd += ["--set", o]
     if a.shutdown_grace is not None:
         cmd += ["--shutdown-grace", str(a.shutdown_grace)]
     return cmd

@@ -220,7 +220,7 @@ mod tests {
         assert_eq!(back.len(), 2);
         assert_eq!(back[0].tokens_by_model, records[0].tokens_by_model);
         assert_eq!(back[1].ttft_ms, Some(11.0));
-        let table = compare_runs(&[run.clone()]).expect("compare");
+        let table = compare_runs(std::slice::from_ref(&run)).expect("compare");
         // 60 tokens over 1.1 s (first send at 0 ms, last end at 1100 ms); 10 of 60 by the 1.5B.
         assert!(table.contains("| 4 | 2 | 0 | 1.1 | 54.5 |"), "{table}");
         assert!(table.contains("reference 16.7%"), "{table}");

@@ -15,7 +15,7 @@ pub fn check_fused(_config: &Path, _device: &str) -> Result<()> {
 
 #[cfg(feature = "cuda")]
 pub fn check_fused(config: &Path, device: &str) -> Result<()> {
-    use tokenrouter_runtime::cuda_check::check_paged_attention;
+    use tokenrouter_runtime::cuda::check::check_paged_attention;
     // Kernels run here outside a model's step: the environment's switches apply to them.
     let _kernels = crate::kernel_env::from_env()?.enter();
     let (dev, _) = crate::device_bench::open_device(device, None)?;
@@ -47,17 +47,17 @@ pub fn check_fused(config: &Path, device: &str) -> Result<()> {
     }
     println!("CHECK paged_attention max_abs_err {worst:.3e} (bf16 output rounding ~4e-3 of |ref|)");
     let mut gemv_worst = 0f32;
-    for (m, n, k, e) in tokenrouter_runtime::cuda_check::check_gemv(&dev)? {
+    for (m, n, k, e) in tokenrouter_runtime::cuda::check::check_gemv(&dev)? {
         println!("gemv [{m}, {k}] x [{n}, {k}]^T: max rel err {e:.2e}");
         gemv_worst = gemv_worst.max(e);
     }
     println!("CHECK gemv max_rel_err {gemv_worst:.3e} (bf16 output rounding ~4e-3)");
-    let (ent_err, top_mismatch) = tokenrouter_runtime::cuda_check::check_router_inputs(&dev)?;
+    let (ent_err, top_mismatch) = tokenrouter_runtime::cuda::check::check_router_inputs(&dev)?;
     println!(
         "CHECK router_inputs entropy_max_abs_err {ent_err:.2e} top100_mismatches {top_mismatch} (8 rows of 151936 logits vs host)"
     );
     let (mut folded_worst, mut norm_worst) = (0f32, 0f32);
-    for (what, m, e) in tokenrouter_runtime::cuda_check::check_fused_gemv(&dev)? {
+    for (what, m, e) in tokenrouter_runtime::cuda::check::check_fused_gemv(&dev)? {
         if what.starts_with("rms_norm") {
             println!("{what}, {m} rows: max rel err {e:.2e}");
             norm_worst = norm_worst.max(e);
@@ -190,7 +190,7 @@ pub fn op_profile(
     seqs: &[u64],
     batches: &[usize],
 ) -> Result<()> {
-    use tokenrouter_runtime::{cuda_profile, Row, StepOptions};
+    use tokenrouter_runtime::{cuda::profile as cuda_profile, Row, StepOptions};
     let cuda = dev.as_cuda_device()?;
     let busy = candle_core::Tensor::ones((8192, 8192), candle_core::DType::BF16, dev)?;
     r.set_cuda_graphs(false);
@@ -205,9 +205,9 @@ pub fn op_profile(
         for _ in 0..4 {
             busy.matmul(&busy)?;
         }
-        cuda_profile::start()?;
+        cuda::profile::start()?;
         r.step(&rows(1), StepOptions::default())?;
-        let (ops, total) = cuda_profile::finish(cuda)?;
+        let (ops, total) = cuda::profile::finish(cuda)?;
         println!(
             "| op (batch {bs}, eager) | launches | total us | us per launch |\n|---|---|---|---|"
         );

@@ -70,6 +70,10 @@ struct ServeArgs {
     /// YAML config (TokenRouter shape); default: the built-in CPU pair.
     #[arg(long, env = "TOKENROUTER_CONFIG")]
     config: Option<PathBuf>,
+    /// Change one value of the config: `--set model.quick.scheduler_kwargs.threshold=0.1`
+    /// (the value is YAML; repeatable; the path must lead into the config).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
     #[arg(long, env = "TOKENROUTER_HOST", default_value = "0.0.0.0")]
     host: String,
     #[arg(long, env = "TOKENROUTER_PORT", default_value_t = 30000)]
@@ -176,11 +180,20 @@ fn run(command: Command) -> Result<()> {
 /// The config file (or the built-in default) with the environment's kernel switches over
 /// every model's `runtime:` options.
 pub fn engine_config(path: Option<&std::path::Path>) -> Result<EngineConfig> {
+    engine_config_with(path, &[])
+}
+
+/// [`engine_config`] with `--set KEY=VALUE` overrides applied before the typed parse.
+pub fn engine_config_with(
+    path: Option<&std::path::Path>,
+    overrides: &[String],
+) -> Result<EngineConfig> {
     let cfg = match path {
-        Some(p) => EngineConfig::from_file(p)?,
-        None => EngineConfig::from_yaml(
+        Some(p) => EngineConfig::from_file_with_overrides(p, overrides)?,
+        None => EngineConfig::from_yaml_with_overrides(
             DEFAULT_CONFIG,
             std::path::Path::new("<built-in default config>"),
+            overrides,
         )?,
     };
     with_kernel_env(cfg)
@@ -200,7 +213,7 @@ fn with_kernel_env(mut cfg: EngineConfig) -> Result<EngineConfig> {
 }
 
 fn serve(a: ServeArgs) -> Result<()> {
-    let cfg = engine_config(a.config.as_deref())?;
+    let cfg = engine_config_with(a.config.as_deref(), &a.set)?;
     let cors = tokenrouter_server::CorsPolicy::parse(&a.allowed_origins)?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {

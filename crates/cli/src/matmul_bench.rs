@@ -15,7 +15,7 @@ pub fn matmul_bench(_config: &Path, _device: &str) -> Result<()> {
 pub fn matmul_bench(config: &Path, device: &str) -> Result<()> {
     use candle_core::{DType, Tensor};
     use std::time::Instant;
-    use tokenrouter_runtime::cuda_gemv::Gemv;
+    use tokenrouter_runtime::cuda::gemv::Gemv;
     let _kernels = crate::kernel_env::from_env()?.enter();
     let (dev, _) = crate::device_bench::open_device(device, None)?;
     let c = tokenrouter_runtime::ModelConfig::from_hf_json(config)?;

@@ -94,6 +94,13 @@ pub struct ModelSection {
     pub runtime: KernelOptions,
 }
 
+impl ModelSection {
+    /// The routing method, `slm_only` (never route) when the config names none.
+    pub fn scheduler_class(&self) -> &str {
+        self.scheduler_class.as_deref().unwrap_or("slm_only")
+    }
+}
+
 fn default_device() -> String {
     "cpu".into()
 }
@@ -322,6 +329,22 @@ impl EngineConfig {
                     .join(", ")
             )));
         }
+        // Every model's method and kwargs, parsed into their typed settings and checked,
+        // before any weights load.
+        let registry = crate::policy::Registry::default();
+        let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+        for (i, m) in models.iter().enumerate() {
+            let site = crate::policy::ModelSite {
+                model: i,
+                model_names: names.clone(),
+                config_file: file.to_path_buf(),
+            };
+            registry.check(
+                m.section.scheduler_class(),
+                &m.section.scheduler_kwargs,
+                &site,
+            )?;
+        }
         Ok(cfg)
     }
 
@@ -400,7 +423,7 @@ mod tests {
     const GOOD: &str = r#"
 model:
   reference: {model_path: big.gguf, scheduler_class: r2r_llm, delayed_batching_threshold: [1, 2, 2]}
-  quick: {model_path: small.gguf, scheduler_class: r2r_slm, scheduler_kwargs: {threshold: 0.3}}
+  quick: {model_path: small.gguf, scheduler_class: r2r_slm, scheduler_kwargs: {model_path: router.pt, threshold: 0.3}}
 system: {entry_model: quick, execution: sync}
 "#;
 
@@ -437,8 +460,8 @@ system: {entry_model: quick, execution: sync}
     #[test]
     fn kernel_switches_parse_per_model_with_hints_from_the_types() {
         let with = GOOD.replace(
-            "scheduler_kwargs: {threshold: 0.3}}",
-            "scheduler_kwargs: {threshold: 0.3}, runtime: {cpu_qk: scalar, cuda_graphs: false}}",
+            "scheduler_kwargs: {model_path: router.pt, threshold: 0.3}}",
+            "scheduler_kwargs: {model_path: router.pt, threshold: 0.3}, runtime: {cpu_qk: scalar, cuda_graphs: false}}",
         );
         let cfg = EngineConfig::from_yaml(&with, Path::new("x.yaml")).unwrap();
         let quick = &cfg.models[0].section.runtime;

@@ -7,6 +7,7 @@ pub mod engine;
 pub mod exchange;
 pub mod methods;
 pub mod metrics;
+pub mod overrides;
 pub mod policy;
 pub mod profile;
 pub mod request;

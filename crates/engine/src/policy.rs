@@ -153,6 +153,47 @@ pub enum SendMode {
     DropLast,
 }
 
+/// Where a policy sits: its model, every model's name, the config file. All that checking
+/// a method's kwargs needs — no weights — so a config is checked completely before any
+/// model loads.
+#[derive(Clone, Debug)]
+pub struct ModelSite {
+    pub model: ModelIndex,
+    pub model_names: Vec<String>,
+    pub config_file: PathBuf,
+}
+
+impl ModelSite {
+    /// This model's name (for messages).
+    pub fn name(&self) -> &str {
+        self.model_names
+            .get(self.model)
+            .map(String::as_str)
+            .unwrap_or("?")
+    }
+
+    /// A path from scheduler_kwargs, relative to the config file; a leading
+    /// `$TOKENROUTER_CACHE/` stands for the tokenrouter cache (where trained routers live),
+    /// which is also found when the variable is unset (`~/.cache/tokenrouter`).
+    pub fn resolve_path(&self, p: &str) -> PathBuf {
+        if let Some(rest) = p
+            .strip_prefix("$TOKENROUTER_CACHE/")
+            .or_else(|| p.strip_prefix("${TOKENROUTER_CACHE}/"))
+        {
+            return cache_dir().join(rest);
+        }
+        let p = Path::new(p);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.config_file
+                .parent()
+                .map(|d| d.join(p))
+                .unwrap_or_else(|| p.to_path_buf())
+        }
+    }
+}
+
 /// Read-only facts about the models, given to policies at construction.
 #[derive(Clone)]
 pub struct PolicyContext {
@@ -176,25 +217,18 @@ pub struct PolicyContext {
 }
 
 impl PolicyContext {
-    /// A path from scheduler_kwargs, relative to the config file; a leading
-    /// `$TOKENROUTER_CACHE/` stands for the tokenrouter cache (where trained routers live),
-    /// which is also found when the variable is unset (`~/.cache/tokenrouter`).
+    /// This policy's place among the models (what its kwargs are checked against).
+    pub fn site(&self) -> ModelSite {
+        ModelSite {
+            model: self.model,
+            model_names: self.model_names.clone(),
+            config_file: self.config_file.clone(),
+        }
+    }
+
+    /// See [`ModelSite::resolve_path`].
     pub fn resolve_path(&self, p: &str) -> PathBuf {
-        if let Some(rest) = p
-            .strip_prefix("$TOKENROUTER_CACHE/")
-            .or_else(|| p.strip_prefix("${TOKENROUTER_CACHE}/"))
-        {
-            return cache_dir().join(rest);
-        }
-        let p = Path::new(p);
-        if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            self.config_file
-                .parent()
-                .map(|d| d.join(p))
-                .unwrap_or_else(|| p.to_path_buf())
-        }
+        self.site().resolve_path(p)
     }
 }
 
@@ -229,26 +263,62 @@ pub trait Policy: Send {
 pub type PolicyFactory =
     fn(kwargs: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError>;
 
+/// Parses one model's kwargs into the method's typed settings and checks every value that
+/// needs no weights (ranges, target models, required keys) — the same function the
+/// factory starts with, so the check and the build cannot disagree.
+pub type KwargsCheck = fn(kwargs: &serde_yaml::Value, site: &ModelSite) -> Result<(), ConfigError>;
+
+/// A registered method: its kwargs check and its factory.
+#[derive(Clone, Copy)]
+struct Method {
+    check: KwargsCheck,
+    build: PolicyFactory,
+}
+
 /// Name -> factory. Names follow TokenRouter (`r2r_slm`, `r2r_llm`, ...).
 pub struct Registry {
-    factories: HashMap<&'static str, PolicyFactory>,
+    methods: HashMap<&'static str, Method>,
 }
 
 impl Registry {
     pub fn empty() -> Self {
         Self {
-            factories: HashMap::new(),
+            methods: HashMap::new(),
         }
     }
 
-    pub fn register(&mut self, name: &'static str, f: PolicyFactory) {
-        self.factories.insert(name, f);
+    pub fn register(&mut self, name: &'static str, check: KwargsCheck, build: PolicyFactory) {
+        self.methods.insert(name, Method { check, build });
     }
 
     pub fn names(&self) -> Vec<&'static str> {
-        let mut v: Vec<_> = self.factories.keys().copied().collect();
+        let mut v: Vec<_> = self.methods.keys().copied().collect();
         v.sort_unstable();
         v
+    }
+
+    fn method(&self, name: &str, site: &ModelSite) -> Result<Method, ConfigError> {
+        self.methods
+            .get(name)
+            .copied()
+            .ok_or_else(|| ConfigError::Invalid {
+                file: site.config_file.clone(),
+                message: format!(
+                    "model.{}.scheduler_class: unknown `{name}` (known: {})",
+                    site.name(),
+                    self.names().join(", ")
+                ),
+            })
+    }
+
+    /// Checks a model's `scheduler_class` and kwargs without building anything.
+    pub fn check(
+        &self,
+        name: &str,
+        kwargs: &serde_yaml::Value,
+        site: &ModelSite,
+    ) -> Result<(), ConfigError> {
+        (self.method(name, site)?.check)(kwargs, site)
     }
 
     pub fn build(
@@ -257,18 +327,7 @@ impl Registry {
         kwargs: &serde_yaml::Value,
         ctx: &PolicyContext,
     ) -> Result<Box<dyn Policy>, ConfigError> {
-        let model = &ctx.model_names[ctx.model];
-        let f = self
-            .factories
-            .get(name)
-            .ok_or_else(|| ConfigError::Invalid {
-                file: ctx.config_file.clone(),
-                message: format!(
-                    "model.{model}.scheduler_class: unknown `{name}` (known: {})",
-                    self.names().join(", ")
-                ),
-            })?;
-        f(kwargs, ctx)
+        (self.method(name, &ctx.site())?.build)(kwargs, ctx)
     }
 }
 

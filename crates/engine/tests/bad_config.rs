@@ -6,6 +6,15 @@ use common::*;
 use std::time::Duration;
 use tokenrouter_engine::Engine;
 
+/// The error of a config refused when it is read: methods and kwargs are checked before any
+/// weights load.
+fn read_err(file: std::path::PathBuf) -> String {
+    match tokenrouter_engine::EngineConfig::from_file(&file) {
+        Ok(_) => panic!("expected the config to be refused when read"),
+        Err(err) => err.to_string(),
+    }
+}
+
 fn start_err(cfg: tokenrouter_engine::EngineConfig) -> String {
     let e = Engine::start(cfg).unwrap();
     match e.wait_ready(Duration::from_secs(60)) {
@@ -17,7 +26,7 @@ fn start_err(cfg: tokenrouter_engine::EngineConfig) -> String {
 #[test]
 fn unknown_scheduler_class_names_model_key_and_file() {
     let p = pair();
-    let msg = start_err(config(&p, "r3r", "{}", "random", "", "async"));
+    let msg = read_err(config_file(&p, "r3r", "{}", "random", "", "async"));
     assert!(
         msg.contains("model.quick.scheduler_class")
             && msg.contains("r3r")
@@ -30,7 +39,7 @@ fn unknown_scheduler_class_names_model_key_and_file() {
 #[test]
 fn wrong_kwargs_name_model_key_and_file() {
     let p = pair();
-    let msg = start_err(config(
+    let msg = read_err(config_file(
         &p,
         "random",
         "{p: 0.3, sead: 1}",
@@ -44,7 +53,7 @@ fn wrong_kwargs_name_model_key_and_file() {
             && msg.contains("config.yaml"),
         "{msg}"
     );
-    let msg = start_err(config(&p, "random", "{p: 1.5}", "random", "", "async"));
+    let msg = read_err(config_file(&p, "random", "{p: 1.5}", "random", "", "async"));
     assert!(
         msg.contains("scheduler_kwargs.p") && msg.contains("1.5"),
         "{msg}"

@@ -1,5 +1,5 @@
 // Fused bf16 kernels for the CUDA decode/extend step (compiled to PTX by build.rs when the
-// `cuda` feature is on; launched from src/cuda_kernels.rs). They replace ~25 small candle ops
+// `cuda` feature is on; launched from src/cuda/kernels.rs). They replace ~25 small candle ops
 // per layer: the step of a small model is bound by kernel launches, and the gather-based
 // attention copied every row's K/V per layer.
 //
@@ -19,7 +19,7 @@
 typedef __nv_bfloat16 bf16;
 
 // Programmatic dependent launch (sm_90+; the launcher sets the launch attribute, see
-// cuda_kernels.rs `launch_kernel`). Before `pdl_wait()` a kernel touches nothing the
+// cuda/kernels.rs `launch_kernel`). Before `pdl_wait()` a kernel touches nothing the
 // previous kernel in the stream writes: the wait blocks until that kernel has finished and
 // its writes are visible (a no-op for a kernel launched without the attribute).
 // `pdl_trigger()` lets the next kernel's blocks be scheduled (once every block of this one

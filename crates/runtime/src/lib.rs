@@ -6,16 +6,9 @@
 pub mod attention;
 pub mod attention_device;
 pub mod config;
+/// The CUDA host side: our kernels' launchers, their checks and the op profiler.
 #[cfg(feature = "cuda")]
-pub mod cuda_attention;
-#[cfg(feature = "cuda")]
-pub mod cuda_check;
-#[cfg(feature = "cuda")]
-pub mod cuda_gemv;
-#[cfg(feature = "cuda")]
-pub mod cuda_kernels;
-#[cfg(feature = "cuda")]
-pub mod cuda_profile;
+pub mod cuda;
 pub mod device_spec;
 pub mod error;
 pub mod ggml_ops;

@@ -16,11 +16,9 @@ use candle_core::{DType, Device, Module, Tensor};
 use std::sync::OnceLock;
 
 #[cfg(feature = "cuda")]
-#[path = "model_cuda.rs"]
-mod model_cuda;
+mod cuda;
 #[cfg(feature = "cuda")]
-#[path = "model_cuda_graph.rs"]
-mod model_cuda_graph;
+mod cuda_graph;
 
 /// Input embeddings of token ids, `[n, hidden]`, shareable across threads (routers use it).
 pub type Embedder = std::sync::Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor> + Send + Sync>;
@@ -29,8 +27,8 @@ pub type Embedder = std::sync::Arc<dyn Fn(&[u32]) -> candle_core::Result<Tensor>
 pub(crate) fn matmul_t(x: &Tensor, w: &QMatMul) -> candle_core::Result<Tensor> {
     #[cfg(feature = "cuda")]
     if let QMatMul::Tensor(wt) = w {
-        if crate::cuda_gemv::gemv_applies(x, wt) {
-            return x.apply_op2_no_bwd(wt, &crate::cuda_gemv::Gemv);
+        if crate::cuda::gemv::gemv_applies(x, wt) {
+            return x.apply_op2_no_bwd(wt, &crate::cuda::gemv::Gemv);
         }
     }
     w.forward(x)
@@ -162,15 +160,15 @@ pub struct Transformer {
     /// Zeroed counters for the attention kernel's in-kernel combine, made on first use.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     attn_counters: OnceLock<Tensor>,
-    /// Kernel switches: the fused CUDA kernels (`model_cuda.rs`) and CUDA graphs
-    /// (`model_cuda_graph.rs`) when they apply, and the choices read inside custom ops
+    /// Kernel switches: the fused CUDA kernels (`model/cuda.rs`) and CUDA graphs
+    /// (`model/cuda_graph.rs`) when they apply, and the choices read inside custom ops
     /// (current for the thread while `forward` runs).
     kernels: KernelOptions,
     #[cfg(feature = "cuda")]
-    graphs: std::sync::Mutex<Option<model_cuda_graph::DecodeGraphs>>,
-    /// Buffers of the 1-2 token steps' layers, made on first use (`model_cuda.rs`).
+    graphs: std::sync::Mutex<Option<cuda_graph::DecodeGraphs>>,
+    /// Buffers of the 1-2 token steps' layers, made on first use (`model/cuda.rs`).
     #[cfg(feature = "cuda")]
-    gemv_scratch: std::sync::Mutex<Option<model_cuda::GemvScratch>>,
+    gemv_scratch: std::sync::Mutex<Option<cuda::GemvScratch>>,
     device: Device,
 }
 

@@ -180,12 +180,11 @@ pub(super) fn load(
             embed: Some(runner.model().embedder()),
             device: runner.model().device().clone(),
         };
-        let class = m
-            .section
-            .scheduler_class
-            .clone()
-            .unwrap_or_else(|| "slm_only".into());
-        let policy = registry.build(&class, &m.section.scheduler_kwargs, &ctx)?;
+        let policy = registry.build(
+            m.section.scheduler_class(),
+            &m.section.scheduler_kwargs,
+            &ctx,
+        )?;
         tunables.extend(policy.tunables());
         infos.push(ModelInfo {
             name: m.name.clone(),

@@ -6,7 +6,7 @@
 use super::unit_hash;
 use crate::config::{parse_kwargs, ConfigError};
 use crate::policy::{
-    Decision, Needs, Policy, PolicyContext, Registry, SendMode, StepView, Tunable,
+    Decision, ModelSite, Needs, Policy, PolicyContext, Registry, SendMode, StepView, Tunable,
 };
 use serde::Deserialize;
 use tokenrouter_api::ModelIndex;
@@ -59,8 +59,8 @@ impl Policy for ReturnAfterOne {
     }
 }
 
-fn target(ctx: &PolicyContext, to: &Option<String>, key: &str) -> Result<ModelIndex, ConfigError> {
-    let me = &ctx.model_names[ctx.model];
+fn target(ctx: &ModelSite, to: &Option<String>, key: &str) -> Result<ModelIndex, ConfigError> {
+    let me = ctx.name();
     match to {
         None => {
             if ctx.model_names.len() < 2 {
@@ -226,66 +226,99 @@ impl Policy for RStitchLlm {
     }
 }
 
-fn file(ctx: &PolicyContext) -> std::path::PathBuf {
-    ctx.config_file.clone()
+/// The validated settings of each method here: the kwargs parsed into their typed struct,
+/// ranges checked, the target model resolved (entry model only). Both the config check and
+/// the factories start here.
+fn no_kwargs(k: &serde_yaml::Value, site: &ModelSite) -> Result<(), ConfigError> {
+    parse_kwargs::<NoKwargs>(k, site.name(), &site.config_file).map(drop)
 }
 
-fn name(ctx: &PolicyContext) -> &str {
-    &ctx.model_names[ctx.model]
+/// `llm_only`: the target of the entry model (None for the others).
+fn llm_only_settings(
+    k: &serde_yaml::Value,
+    site: &ModelSite,
+) -> Result<Option<ModelIndex>, ConfigError> {
+    let kw: ToKwargs = parse_kwargs(k, site.name(), &site.config_file)?;
+    (site.model == 0)
+        .then(|| target(site, &kw.to, "to"))
+        .transpose()
+}
+
+fn random_settings(
+    k: &serde_yaml::Value,
+    site: &ModelSite,
+) -> Result<(RandomKwargs, Option<ModelIndex>), ConfigError> {
+    let kw: RandomKwargs = parse_kwargs(k, site.name(), &site.config_file)?;
+    if !(0.0..=1.0).contains(&kw.p) {
+        return Err(ConfigError::Invalid {
+            file: site.config_file.clone(),
+            message: format!(
+                "model.{}.scheduler_kwargs.p: {} is not a probability",
+                site.name(),
+                kw.p
+            ),
+        });
+    }
+    let to = (site.model == 0)
+        .then(|| target(site, &kw.to, "to"))
+        .transpose()?;
+    Ok((kw, to))
+}
+
+fn rstitch_settings(
+    k: &serde_yaml::Value,
+    site: &ModelSite,
+) -> Result<(RStitchKwargs, Option<ModelIndex>), ConfigError> {
+    let kw: RStitchKwargs = parse_kwargs(k, site.name(), &site.config_file)?;
+    let to = (site.model == 0)
+        .then(|| target(site, &kw.to, "to"))
+        .transpose()?;
+    Ok((kw, to))
 }
 
 pub fn register(r: &mut Registry) {
     fn stay(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
-        parse_kwargs::<NoKwargs>(k, name(ctx), &file(ctx))?;
+        no_kwargs(k, &ctx.site())?;
         Ok(Box::new(Stay))
     }
     fn llm_only(
         k: &serde_yaml::Value,
         ctx: &PolicyContext,
     ) -> Result<Box<dyn Policy>, ConfigError> {
-        let kw: ToKwargs = parse_kwargs(k, name(ctx), &file(ctx))?;
-        if ctx.model == 0 {
-            Ok(Box::new(Always {
-                to: target(ctx, &kw.to, "to")?,
-            }))
-        } else {
-            Ok(Box::new(Stay))
-        }
+        Ok(match llm_only_settings(k, &ctx.site())? {
+            Some(to) => Box::new(Always { to }),
+            None => Box::new(Stay),
+        })
     }
     fn random(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
-        let kw: RandomKwargs = parse_kwargs(k, name(ctx), &file(ctx))?;
-        if !(0.0..=1.0).contains(&kw.p) {
-            return Err(ConfigError::Invalid {
-                file: file(ctx),
-                message: format!(
-                    "model.{}.scheduler_kwargs.p: {} is not a probability",
-                    name(ctx),
-                    kw.p
-                ),
-            });
-        }
-        if ctx.model == 0 {
-            Ok(Box::new(Random {
+        Ok(match random_settings(k, &ctx.site())? {
+            (kw, Some(to)) => Box::new(Random {
                 p: kw.p,
                 seed: kw.seed,
-                to: target(ctx, &kw.to, "to")?,
-            }))
-        } else {
-            Ok(Box::new(ReturnAfterOne))
-        }
+                to,
+            }),
+            (_, None) => Box::new(ReturnAfterOne),
+        })
     }
     fn rstitch(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
-        let kw: RStitchKwargs = parse_kwargs(k, name(ctx), &file(ctx))?;
-        if ctx.model == 0 {
-            Ok(Box::new(RStitchSlm {
+        Ok(match rstitch_settings(k, &ctx.site())? {
+            (kw, Some(to)) => Box::new(RStitchSlm {
                 threshold: kw.threshold,
-                to: target(ctx, &kw.to, "to")?,
-            }))
-        } else {
-            Ok(Box::new(RStitchLlm {
+                to,
+            }),
+            (kw, None) => Box::new(RStitchLlm {
                 threshold: kw.threshold,
-            }))
-        }
+            }),
+        })
+    }
+    fn check_llm_only(k: &serde_yaml::Value, site: &ModelSite) -> Result<(), ConfigError> {
+        llm_only_settings(k, site).map(drop)
+    }
+    fn check_random(k: &serde_yaml::Value, site: &ModelSite) -> Result<(), ConfigError> {
+        random_settings(k, site).map(drop)
+    }
+    fn check_rstitch(k: &serde_yaml::Value, site: &ModelSite) -> Result<(), ConfigError> {
+        rstitch_settings(k, site).map(drop)
     }
     for n in [
         "slm_only",
@@ -296,16 +329,16 @@ pub fn register(r: &mut Registry) {
         "query_llm",
         "llm_only_llm",
     ] {
-        r.register(n, stay);
+        r.register(n, no_kwargs, stay);
     }
     for n in ["llm_only", "llm_only_slm"] {
-        r.register(n, llm_only);
+        r.register(n, check_llm_only, llm_only);
     }
     for n in ["random", "random_slm", "random_llm"] {
-        r.register(n, random);
+        r.register(n, check_random, random);
     }
     for n in ["rstitch", "rstitch_slm", "rstitch_llm"] {
-        r.register(n, rstitch);
+        r.register(n, check_rstitch, rstitch);
     }
 }
 

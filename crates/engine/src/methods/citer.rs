@@ -13,7 +13,7 @@ use super::router_net::{
     check_unit, hidden_rows, require_path, sigmoid_vec, target, BatchNorm, Linear, Site, Weights,
 };
 use crate::config::{parse_kwargs, ConfigError};
-use crate::policy::{Decision, Needs, Policy, PolicyContext, Registry, StepView};
+use crate::policy::{Decision, ModelSite, Needs, Policy, PolicyContext, Registry, StepView};
 use candle_core::{Device, Tensor};
 use serde::Deserialize;
 use tokenrouter_api::ModelIndex;
@@ -110,20 +110,37 @@ struct CiterKwargs {
     to: Option<String>,
 }
 
+/// The kwargs, validated without weights: the threshold, and for the entry model its
+/// target and the router file.
+fn settings(
+    k: &serde_yaml::Value,
+    at: &ModelSite,
+) -> Result<(f32, Option<(ModelIndex, std::path::PathBuf)>), ConfigError> {
+    let site = Site::at(at);
+    let kw: CiterKwargs = parse_kwargs(k, &site.model, &at.config_file)?;
+    let threshold = check_unit(
+        &site,
+        "threshold",
+        kw.threshold.unwrap_or(DEFAULT_THRESHOLD),
+    )?;
+    if at.model != 0 {
+        return Ok((threshold, None));
+    }
+    let to = target(at, &kw.to, "to")?;
+    let path = at.resolve_path(&require_path(&site, &kw.model_path, "model_path")?);
+    Ok((threshold, Some((to, path))))
+}
+
 pub fn register(r: &mut Registry) {
+    fn check(k: &serde_yaml::Value, at: &ModelSite) -> Result<(), ConfigError> {
+        settings(k, at).map(drop)
+    }
     fn build(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
         let site = Site::of(ctx);
-        let kw: CiterKwargs = parse_kwargs(k, &site.model, &ctx.config_file)?;
-        let threshold = check_unit(
-            &site,
-            "threshold",
-            kw.threshold.unwrap_or(DEFAULT_THRESHOLD),
-        )?;
-        if ctx.model != 0 {
+        let (threshold, entry) = settings(k, &ctx.site())?;
+        let Some((to, path)) = entry else {
             return Ok(Box::new(ReturnAfterOne));
-        }
-        let to = target(ctx, &kw.to, "to")?;
-        let path = ctx.resolve_path(&require_path(&site, &kw.model_path, "model_path")?);
+        };
         let w = Weights::load(&path, &ctx.device, &site, "model_path")?;
         let net = CiterNet::from_weights(&w)?;
         if let Some(f) = &ctx.embed {
@@ -144,6 +161,6 @@ pub fn register(r: &mut Registry) {
         }))
     }
     for n in ["citer", "citer_slm", "citer_llm"] {
-        r.register(n, build);
+        r.register(n, check, build);
     }
 }

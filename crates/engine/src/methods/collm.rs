@@ -12,7 +12,7 @@ use super::router_net::{
     check_unit, hidden_rows, require_path, sigmoid_vec, target, Site, Weights,
 };
 use crate::config::{parse_kwargs, ConfigError};
-use crate::policy::{Decision, Needs, Policy, PolicyContext, Registry, StepView};
+use crate::policy::{Decision, ModelSite, Needs, Policy, PolicyContext, Registry, StepView};
 use candle_core::{Device, Tensor};
 use serde::Deserialize;
 use tokenrouter_api::ModelIndex;
@@ -85,18 +85,35 @@ struct CoLlmKwargs {
     to: Option<String>,
 }
 
-/// Build the Co-LLM small-model policy from its kwargs (also used by tests).
-pub fn build_slm(kwargs: &serde_yaml::Value, ctx: &PolicyContext) -> Result<CoLlmSlm, ConfigError> {
-    let site = Site::of(ctx);
-    let kw: CoLlmKwargs = parse_kwargs(kwargs, &site.model, &ctx.config_file)?;
+/// The kwargs parsed and the threshold checked (no weights needed).
+fn parse(k: &serde_yaml::Value, at: &ModelSite) -> Result<(CoLlmKwargs, f32), ConfigError> {
+    let site = Site::at(at);
+    let kw: CoLlmKwargs = parse_kwargs(k, &site.model, &at.config_file)?;
     let threshold = check_unit(
         &site,
         "threshold",
         kw.threshold.unwrap_or(DEFAULT_THRESHOLD),
     )?
     .max(MIN_THRESHOLD);
-    let to = target(ctx, &kw.to, "to")?;
-    let path = ctx.resolve_path(&require_path(&site, &kw.model_path, "model_path")?);
+    Ok((kw, threshold))
+}
+
+/// The small model's side: where it routes and which router file it reads.
+fn router(
+    kw: &CoLlmKwargs,
+    at: &ModelSite,
+) -> Result<(ModelIndex, std::path::PathBuf), ConfigError> {
+    let to = target(at, &kw.to, "to")?;
+    let path = at.resolve_path(&require_path(&Site::at(at), &kw.model_path, "model_path")?);
+    Ok((to, path))
+}
+
+/// Build the Co-LLM small-model policy from its kwargs (also used by tests).
+pub fn build_slm(kwargs: &serde_yaml::Value, ctx: &PolicyContext) -> Result<CoLlmSlm, ConfigError> {
+    let site = Site::of(ctx);
+    let at = ctx.site();
+    let (kw, threshold) = parse(kwargs, &at)?;
+    let (to, path) = router(&kw, &at)?;
     let w = Weights::load(&path, &ctx.device, &site, "model_path")?;
     if !w.contains("deferral.weight") {
         return Err(w.err("missing tensor `deferral.weight`"));
@@ -138,20 +155,21 @@ pub fn build_slm(kwargs: &serde_yaml::Value, ctx: &PolicyContext) -> Result<CoLl
 }
 
 pub fn register(r: &mut Registry) {
+    fn check(k: &serde_yaml::Value, at: &ModelSite) -> Result<(), ConfigError> {
+        let (kw, _) = parse(k, at)?;
+        if at.model == 0 {
+            router(&kw, at)?;
+        }
+        Ok(())
+    }
     fn build(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
         if ctx.model == 0 {
             return Ok(Box::new(build_slm(k, ctx)?));
         }
-        let site = Site::of(ctx);
-        let kw: CoLlmKwargs = parse_kwargs(k, &site.model, &ctx.config_file)?;
-        check_unit(
-            &site,
-            "threshold",
-            kw.threshold.unwrap_or(DEFAULT_THRESHOLD),
-        )?;
+        parse(k, &ctx.site())?;
         Ok(Box::new(ReturnAfterOne))
     }
     for n in ["collm", "collm_slm", "collm_llm"] {
-        r.register(n, build);
+        r.register(n, check, build);
     }
 }

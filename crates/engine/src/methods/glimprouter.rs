@@ -13,7 +13,7 @@
 
 use super::router_net::{check_unit, target, Site};
 use crate::config::{parse_kwargs, ConfigError};
-use crate::policy::{Decision, Policy, PolicyContext, Registry, SendMode, StepView};
+use crate::policy::{Decision, ModelSite, Policy, PolicyContext, Registry, SendMode, StepView};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -165,29 +165,45 @@ struct GlimpKwargs {
     to: Option<String>,
 }
 
+/// The kwargs, validated without weights: the threshold, and the entry model's target.
+fn settings(
+    k: &serde_yaml::Value,
+    at: &ModelSite,
+) -> Result<(f64, Option<ModelIndex>), ConfigError> {
+    let site = Site::at(at);
+    let kw: GlimpKwargs = parse_kwargs(k, &site.model, &at.config_file)?;
+    let threshold = kw.threshold.unwrap_or(DEFAULT_THRESHOLD);
+    // Entropy over 20 outcomes lies in [0, ln 20].
+    let max = (GLIMPSE_TOP_K as f64).ln();
+    check_unit(&site, "threshold", threshold / max).map_err(|_| {
+        site.err(
+            "threshold",
+            format!("{threshold} is not in [0, ln {GLIMPSE_TOP_K} = {max:.3}]"),
+        )
+    })?;
+    let to = (at.model == 0)
+        .then(|| target(at, &kw.to, "to"))
+        .transpose()?;
+    Ok((threshold, to))
+}
+
 pub fn register(r: &mut Registry) {
+    fn check(k: &serde_yaml::Value, at: &ModelSite) -> Result<(), ConfigError> {
+        settings(k, at).map(drop)
+    }
     fn build(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
         let site = Site::of(ctx);
-        let kw: GlimpKwargs = parse_kwargs(k, &site.model, &ctx.config_file)?;
-        let threshold = kw.threshold.unwrap_or(DEFAULT_THRESHOLD);
-        // Entropy over 20 outcomes lies in [0, ln 20].
-        let max = (GLIMPSE_TOP_K as f64).ln();
-        check_unit(&site, "threshold", threshold / max).map_err(|_| {
-            site.err(
-                "threshold",
-                format!("{threshold} is not in [0, ln {GLIMPSE_TOP_K} = {max:.3}]"),
-            )
-        })?;
+        let (threshold, to) = settings(k, &ctx.site())?;
         if ctx.token_text.is_empty() {
             return Err(
                 site.model_err("glimprouter needs the tokenizer's token texts to find \"\\n\\n\"")
             );
         }
         let texts = ctx.token_text.clone();
-        if ctx.model == 0 {
+        if let Some(to) = to {
             Ok(Box::new(GlimpSlm {
                 threshold: threshold as f32,
-                to: target(ctx, &kw.to, "to")?,
+                to,
                 texts,
             }))
         } else {
@@ -198,6 +214,6 @@ pub fn register(r: &mut Registry) {
         }
     }
     for n in ["glimprouter", "glimprouter_slm", "glimprouter_llm"] {
-        r.register(n, build);
+        r.register(n, check, build);
     }
 }

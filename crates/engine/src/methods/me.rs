@@ -13,7 +13,7 @@
 use super::router_net::Site;
 use crate::config::{parse_kwargs, ConfigError};
 use crate::policy::Needs;
-use crate::policy::{Decision, Policy, PolicyContext, Registry, SendMode, StepView};
+use crate::policy::{Decision, ModelSite, Policy, PolicyContext, Registry, SendMode, StepView};
 use serde::Deserialize;
 use tokenrouter_api::ModelIndex;
 
@@ -72,32 +72,41 @@ struct MeKwargs {
     thresholds: Option<Vec<f64>>,
 }
 
-pub fn register(r: &mut Registry) {
-    fn build(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
-        let site = Site::of(ctx);
-        let kw: MeKwargs = parse_kwargs(k, &site.model, &ctx.config_file)?;
-        let n = ctx.model_names.len();
-        if !(2..=3).contains(&n) {
-            return Err(site.model_err(format!(
-                "me routes between 2 or 3 models, the config has {n}"
-            )));
+/// The kwargs, validated (no weights needed): the two thresholds.
+fn settings(k: &serde_yaml::Value, at: &ModelSite) -> Result<(f32, f32), ConfigError> {
+    let site = Site::at(at);
+    let kw: MeKwargs = parse_kwargs(k, &site.model, &at.config_file)?;
+    let n = at.model_names.len();
+    if !(2..=3).contains(&n) {
+        return Err(site.model_err(format!(
+            "me routes between 2 or 3 models, the config has {n}"
+        )));
+    }
+    let large = n - 1;
+    let (tau1, tau2) = match kw.thresholds.as_deref() {
+        Some(&[a, b]) if (0.0..=1.0).contains(&a) && (0.0..=1.0).contains(&b) && a <= b => {
+            (a as f32, b as f32)
         }
+        Some(t) => {
+            return Err(site.err(
+                "thresholds",
+                format!("{t:?}: expected [τ1, τ2] with 0 <= τ1 <= τ2 <= 1"),
+            ));
+        }
+        None if at.model == large => (1.0, 1.0),
+        None => return Err(site.err("thresholds", "required: [τ1, τ2] on the normalised entropy")),
+    };
+    Ok((tau1, tau2))
+}
+
+pub fn register(r: &mut Registry) {
+    fn check(k: &serde_yaml::Value, at: &ModelSite) -> Result<(), ConfigError> {
+        settings(k, at).map(drop)
+    }
+    fn build(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
+        let (tau1, tau2) = settings(k, &ctx.site())?;
+        let n = ctx.model_names.len();
         let large = n - 1;
-        let (tau1, tau2) = match kw.thresholds.as_deref() {
-            Some(&[a, b]) if (0.0..=1.0).contains(&a) && (0.0..=1.0).contains(&b) && a <= b => {
-                (a as f32, b as f32)
-            }
-            Some(t) => {
-                return Err(site.err(
-                    "thresholds",
-                    format!("{t:?}: expected [τ1, τ2] with 0 <= τ1 <= τ2 <= 1"),
-                ));
-            }
-            None if ctx.model == large => (1.0, 1.0),
-            None => {
-                return Err(site.err("thresholds", "required: [τ1, τ2] on the normalised entropy"))
-            }
-        };
         Ok(Box::new(Me {
             me: ctx.model,
             mid: (n == 3).then_some(1),
@@ -107,6 +116,6 @@ pub fn register(r: &mut Registry) {
         }))
     }
     for n in ["me", "me_slm", "me_llm"] {
-        r.register(n, build);
+        r.register(n, check, build);
     }
 }

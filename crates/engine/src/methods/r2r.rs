@@ -14,7 +14,7 @@ use super::router_net::{
     check_unit, hidden_rows, require_path, sigmoid_vec, target, LayerNorm, Linear, Site, Weights,
 };
 use crate::config::{parse_kwargs, ConfigError};
-use crate::policy::{Decision, Needs, Policy, PolicyContext, Registry, StepView};
+use crate::policy::{Decision, ModelSite, Needs, Policy, PolicyContext, Registry, StepView};
 use candle_core::{Device, Tensor};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -280,22 +280,41 @@ struct R2rKwargs {
     to: Option<String>,
 }
 
-/// Build the R2R small-model policy from its kwargs (also used by tests).
-pub fn build_slm(kwargs: &serde_yaml::Value, ctx: &PolicyContext) -> Result<R2rSlm, ConfigError> {
-    let site = Site::of(ctx);
-    let kw: R2rKwargs = parse_kwargs(kwargs, &site.model, &ctx.config_file)?;
+/// The kwargs parsed and checked without weights (the switching strategy, a given
+/// threshold's range).
+fn parse(k: &serde_yaml::Value, at: &ModelSite) -> Result<(R2rKwargs, Option<f32>), ConfigError> {
+    let site = Site::at(at);
+    let kw: R2rKwargs = parse_kwargs(k, &site.model, &at.config_file)?;
     if let Some(s) = kw.switching_strategy.as_deref().filter(|s| *s != "neural") {
         return Err(site.err(
             "switching_strategy",
             format!("`{s}` is not supported (only `neural`)"),
         ));
     }
-    let to = target(ctx, &kw.to, "to")?;
-    let path = ctx.resolve_path(&require_path(&site, &kw.model_path, "model_path")?);
+    let threshold = kw
+        .threshold
+        .map(|t| check_unit(&site, "threshold", t))
+        .transpose()?;
+    Ok((kw, threshold))
+}
+
+/// The small model's side: where it routes and which router file it reads.
+fn router(kw: &R2rKwargs, at: &ModelSite) -> Result<(ModelIndex, std::path::PathBuf), ConfigError> {
+    let to = target(at, &kw.to, "to")?;
+    let path = at.resolve_path(&require_path(&Site::at(at), &kw.model_path, "model_path")?);
+    Ok((to, path))
+}
+
+/// Build the R2R small-model policy from its kwargs (also used by tests).
+pub fn build_slm(kwargs: &serde_yaml::Value, ctx: &PolicyContext) -> Result<R2rSlm, ConfigError> {
+    let site = Site::of(ctx);
+    let at = ctx.site();
+    let (kw, threshold) = parse(kwargs, &at)?;
+    let (to, path) = router(&kw, &at)?;
     let w = Weights::load(&path, &ctx.device, &site, "model_path")?;
     let net = R2rNet::from_weights(&w)?;
-    let threshold = match kw.threshold {
-        Some(t) => check_unit(&site, "threshold", t)?,
+    let threshold = match threshold {
+        Some(t) => t,
         None => match w
             .meta
             .get("common_args")
@@ -341,24 +360,24 @@ pub fn build_slm(kwargs: &serde_yaml::Value, ctx: &PolicyContext) -> Result<R2rS
 }
 
 pub fn register(r: &mut Registry) {
+    fn check(k: &serde_yaml::Value, at: &ModelSite) -> Result<(), ConfigError> {
+        let (kw, _) = parse(k, at)?;
+        if at.model == 0 {
+            router(&kw, at)?;
+        }
+        Ok(())
+    }
     fn build(k: &serde_yaml::Value, ctx: &PolicyContext) -> Result<Box<dyn Policy>, ConfigError> {
         if ctx.model == 0 {
             Ok(Box::new(build_slm(k, ctx)?))
         } else {
             // The large model writes one token, keeps it, and hands the request back. Its
             // kwargs are still checked so a typo does not pass silently.
-            let site = Site::of(ctx);
-            let kw: R2rKwargs = parse_kwargs(k, &site.model, &ctx.config_file)?;
-            if let Some(s) = kw.switching_strategy.as_deref().filter(|s| *s != "neural") {
-                return Err(site.err(
-                    "switching_strategy",
-                    format!("`{s}` is not supported (only `neural`)"),
-                ));
-            }
+            parse(k, &ctx.site())?;
             Ok(Box::new(ReturnAfterOne))
         }
     }
     for n in ["r2r", "r2r_slm", "r2r_llm"] {
-        r.register(n, build);
+        r.register(n, check, build);
     }
 }

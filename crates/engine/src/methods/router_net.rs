@@ -5,7 +5,7 @@
 
 use super::torch_file;
 use crate::config::ConfigError;
-use crate::policy::PolicyContext;
+use crate::policy::{ModelSite, PolicyContext};
 use candle_core::{DType, Device, Tensor, D};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,13 +20,17 @@ pub struct Site {
 
 impl Site {
     pub fn of(ctx: &PolicyContext) -> Self {
+        Site::at(&ctx.site())
+    }
+
+    pub fn at(site: &ModelSite) -> Self {
         Site {
-            model: ctx
+            model: site
                 .model_names
-                .get(ctx.model)
+                .get(site.model)
                 .cloned()
-                .unwrap_or_else(|| format!("#{}", ctx.model)),
-            config_file: ctx.config_file.clone(),
+                .unwrap_or_else(|| format!("#{}", site.model)),
+            config_file: site.config_file.clone(),
         }
     }
 
@@ -324,8 +328,8 @@ pub fn check_unit(site: &Site, key: &str, v: f64) -> Result<f32, ConfigError> {
 
 /// The model a routed request goes to: `kwargs.<key>` by name, else the other model of a
 /// pair (model 0 -> 1, others -> 0).
-pub fn target(ctx: &PolicyContext, to: &Option<String>, key: &str) -> Result<usize, ConfigError> {
-    let site = Site::of(ctx);
+pub fn target(ctx: &ModelSite, to: &Option<String>, key: &str) -> Result<usize, ConfigError> {
+    let site = Site::at(ctx);
     match to {
         None if ctx.model_names.len() < 2 => Err(site.err(key, "routing needs a second model")),
         None => Ok(if ctx.model == 0 { 1 } else { 0 }),

@@ -36,6 +36,19 @@ pub fn config(
     extra_llm: &str,
     execution: &str,
 ) -> EngineConfig {
+    let file = config_file(p, slm_class, slm_kwargs, llm_class, extra_llm, execution);
+    EngineConfig::from_file(&file).unwrap()
+}
+
+/// Writes the config `config` parses (for tests of configs refused when read).
+pub fn config_file(
+    p: &Pair,
+    slm_class: &str,
+    slm_kwargs: &str,
+    llm_class: &str,
+    extra_llm: &str,
+    execution: &str,
+) -> std::path::PathBuf {
     let yaml = format!(
         "model:\n  quick:\n    model_path: {}\n    scheduler_class: {slm_class}\n    scheduler_kwargs: {slm_kwargs}\n    kv_cache_tokens: 8192\n  reference:\n    model_path: {}\n    scheduler_class: {llm_class}\n    kv_cache_tokens: 8192\n{extra_llm}system:\n  entry_model: quick\n  execution: {execution}\n",
         p.small.display(),
@@ -43,7 +56,7 @@ pub fn config(
     );
     let file = p.dir.path().join("config.yaml");
     std::fs::write(&file, &yaml).unwrap();
-    EngineConfig::from_file(&file).unwrap()
+    file
 }
 
 pub fn start(cfg: EngineConfig) -> Engine {

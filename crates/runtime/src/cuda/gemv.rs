@@ -5,7 +5,7 @@
 //! (`GemvFolded`: qkv, gate_up) and the residual add as the output (`GemvResidual`: o and
 //! down projections). Kernels in kernels/gemv.cuh (`gemv_*`).
 
-use crate::cuda_kernels::{alloc_bf16, cuda_only_op2, err, input_ptr, launch, ptr};
+use crate::cuda::kernels::{alloc_bf16, cuda_only_op2, err, input_ptr, launch, ptr};
 use crate::kernel_options::KernelOptions;
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;

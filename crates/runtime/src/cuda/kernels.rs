@@ -10,7 +10,7 @@ use candle_core::cuda_backend::{CudaDevice, CudaStorage};
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Storage, Tensor};
 use half::bf16;
 
-pub use crate::cuda_attention::{
+pub use crate::cuda::attention::{
     attention_splits, head_dim_supported, AttentionKernel, PagedAttention, ATTN_COUNTERS,
     MAX_ATTENTION_SPLITS,
 };
@@ -96,7 +96,7 @@ pub(crate) fn launch_kernel(
     args: &mut [*mut std::ffi::c_void],
 ) -> Result<()> {
     let func = dev.get_or_load_custom_func(name, MODULE, PTX)?;
-    crate::cuda_profile::mark(dev, name)?;
+    crate::cuda::profile::mark(dev, name)?;
     let stream = dev.cuda_stream();
     let fail =
         |e: candle_core::cuda_backend::cudarc::driver::DriverError| err(format!("{name}: {e}"));
@@ -142,7 +142,7 @@ macro_rules! launch {
     ($dev:expr, $name:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
         let mut args: Vec<*mut std::ffi::c_void> =
             vec![$( ($arg) as *const _ as *mut std::ffi::c_void ),*];
-        $crate::cuda_kernels::launch_kernel($dev, $name, $cfg, &mut args)?;
+        $crate::cuda::kernels::launch_kernel($dev, $name, $cfg, &mut args)?;
     }};
 }
 pub(crate) use launch;
@@ -160,7 +160,7 @@ macro_rules! cuda_only_op1 {
                 _: &candle_core::CpuStorage,
                 _: &candle_core::Layout,
             ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-                $crate::cuda_kernels::cpu_unsupported($name)
+                $crate::cuda::kernels::cpu_unsupported($name)
             }
 
             fn cuda_fwd(
@@ -192,7 +192,7 @@ macro_rules! cuda_only_op2 {
                 _: &candle_core::CpuStorage,
                 _: &candle_core::Layout,
             ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-                $crate::cuda_kernels::cpu_unsupported($name)
+                $crate::cuda::kernels::cpu_unsupported($name)
             }
 
             fn cuda_fwd(

@@ -5,7 +5,7 @@
 
 use crate::attention::{HeadDims, RowSpan};
 use crate::attention_device::{CachedRow, TensorKv};
-use crate::cuda_kernels::{ptr, AttentionKernel, PagedAttention, ATTN_COUNTERS};
+use crate::cuda::kernels::{ptr, AttentionKernel, PagedAttention, ATTN_COUNTERS};
 use crate::kv::BlockTable;
 use candle_core::{DType, Device, Result, Tensor};
 use rand::rngs::StdRng;
@@ -146,7 +146,7 @@ fn one_batch(
             head_dim: dims.head_dim,
             block_size,
             max_blocks,
-            splits: crate::cuda_kernels::attention_splits(tokens, grid_heads, Some(4096)),
+            splits: crate::cuda::kernels::attention_splits(tokens, grid_heads, Some(4096)),
             k_cache: ptr(Some(&k))?,
             v_cache: ptr(Some(&v))?,
             block_tables: base + (8 * tokens) as u64,
@@ -190,7 +190,7 @@ fn one_batch(
 /// The skinny matmul kernel against candle's matmul in f32, for decode-sized inputs:
 /// `(rows, out, in, max |diff| / max |reference|)`.
 pub fn check_gemv(device: &Device) -> Result<Vec<(usize, usize, usize, f32)>> {
-    use crate::cuda_gemv::Gemv;
+    use crate::cuda::gemv::Gemv;
     let mut out = Vec::new();
     let rel_err = |got: Tensor, x: &Tensor, w: &Tensor| -> Result<f32> {
         let want = x
@@ -243,7 +243,7 @@ pub fn check_router_inputs(device: &Device) -> Result<(f32, usize)> {
     Ok((worst, mismatches))
 }
 
-/// The skinny matmuls with folded-in ops (`cuda_gemv`) against the separate kernels they
+/// The skinny matmuls with folded-in ops (`cuda::gemv`) against the separate kernels they
 /// replace, same inputs: `(what, rows, max |diff| / max |reference|)`. The arithmetic is the
 /// same, so differences are at most one bf16 rounding step. Also the RMSNorm kernel against
 /// candle's f32 `rms_norm` (what starts with "rms_norm"; bf16 output rounding).
@@ -261,8 +261,8 @@ fn check_fused_gemv_width(
     hidden: usize,
     inter: usize,
 ) -> Result<Vec<(String, usize, f32)>> {
-    use crate::cuda_gemv::{Gemv, GemvFolded, GemvResidual, NormOutput};
-    use crate::cuda_kernels::{AddRmsNorm, SiluMul};
+    use crate::cuda::gemv::{Gemv, GemvFolded, GemvResidual, NormOutput};
+    use crate::cuda::kernels::{AddRmsNorm, SiluMul};
     let rel = |got: &Tensor, want: &Tensor| -> Result<f32> {
         let (got, want) = (got.to_dtype(DType::F32)?, want.to_dtype(DType::F32)?);
         let err = (&got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;

@@ -2,7 +2,7 @@
 //! kernels in kernels/attention.cuh) and of the split combine, the choice between them, and
 //! the context splits.
 
-use crate::cuda_kernels::{alloc_bf16, cuda_only_op1, err, input_ptr, launch};
+use crate::cuda::kernels::{alloc_bf16, cuda_only_op1, err, input_ptr, launch};
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage};
 use candle_core::{Layout, Result, Shape};

@@ -6,7 +6,7 @@
 //! logits/hidden buffers inside the graph, so every allocation made during capture is also
 //! freed inside it. `KernelOptions::cuda_graphs` off turns graphs off.
 
-use super::model_cuda::MetaPtrs;
+use super::cuda::MetaPtrs;
 use super::{ForwardOutput, Transformer};
 use crate::attention::RowSpan;
 use crate::attention_device::TensorKv;

@@ -1,18 +1,18 @@
-//! The CUDA step with our fused kernels (`cuda_kernels.rs`): per layer one fused qkv matmul,
+//! The CUDA step with our fused kernels (`cuda/kernels.rs`): per layer one fused qkv matmul,
 //! one norm+RoPE+KV-store kernel, one paged-attention kernel, the o projection, two
 //! add+RMSNorm kernels, one fused gate_up matmul, one silu*mul kernel and the down
 //! projection: 9 launches instead of ~32 candle ops. Steps of 1-2 tokens fold the norms,
-//! silu*mul and residual adds into skinny matmuls (`cuda_gemv.rs`): 6 launches. Long extend
+//! silu*mul and residual adds into skinny matmuls (`cuda/gemv.rs`): 6 launches. Long extend
 //! rows (first contact with a long prompt) are attended with batched matmuls instead, whose
 //! cost does not grow with the square of the row length.
 
 use super::{ForwardOutput, GateUp, Qkv, Transformer};
 use crate::attention::{HeadDims, RowSpan};
 use crate::attention_device::{CachedRow, TensorKv};
-use crate::cuda_gemv::{
+use crate::cuda::gemv::{
     fused_gemv_enabled, gemv_residual, GemvFolded, NormOutput, FUSED_GEMV_MAX_ROWS, GEMV_NORM_MAX_K,
 };
-use crate::cuda_kernels::{
+use crate::cuda::kernels::{
     attention_splits, ptr, AddRmsNorm, AttentionKernel, EmbedGather, NormRopeStore, PagedAttention,
     SiluMul, ATTN_COUNTERS, MAX_ATTENTION_SPLITS,
 };
@@ -125,8 +125,8 @@ impl Transformer {
         let cfg = &self.cfg;
         !self.device.is_cpu()
             && self.dtype() == DType::BF16
-            && crate::cuda_kernels::head_dim_supported(cfg.head_dim)
-            && cfg.hidden_size <= crate::cuda_kernels::ADD_RMS_NORM_MAX_HIDDEN
+            && crate::cuda::kernels::head_dim_supported(cfg.head_dim)
+            && cfg.hidden_size <= crate::cuda::kernels::ADD_RMS_NORM_MAX_HIDDEN
             && self
                 .layers
                 .iter()
@@ -272,7 +272,7 @@ impl Transformer {
     /// down (residual add folded in). The kernels write into the model's scratch buffers
     /// instead of new tensors: with no allocation between them they follow each other
     /// directly in the stream (and in a CUDA graph), which programmatic dependent launch
-    /// needs to overlap them (`cuda_kernels::pdl_enabled`).
+    /// needs to overlap them (`cuda::kernels::pdl_enabled`).
     fn layers_gemv(&self, x: Tensor, m: &MetaPtrs, caches: &[TensorKv]) -> Result<Tensor> {
         let cfg = &self.cfg;
         let dev = self.device.as_cuda_device()?;
