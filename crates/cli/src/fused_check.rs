@@ -205,9 +205,9 @@ pub fn op_profile(
         for _ in 0..4 {
             busy.matmul(&busy)?;
         }
-        cuda::profile::start()?;
+        cuda_profile::start()?;
         r.step(&rows(1), StepOptions::default())?;
-        let (ops, total) = cuda::profile::finish(cuda)?;
+        let (ops, total) = cuda_profile::finish(cuda)?;
         println!(
             "| op (batch {bs}, eager) | launches | total us | us per launch |\n|---|---|---|---|"
         );
