@@ -4,6 +4,7 @@ chat, parameter errors, aborts (close and Ctrl-C) freeing KV, shutdown, two engi
 import _thread
 import asyncio
 import re
+import signal
 import threading
 import time
 
@@ -171,11 +172,18 @@ def test_closing_a_stream_aborts_and_frees_kv(engine):
 
 
 def test_ctrl_c_aborts_a_running_generate_and_frees_kv(engine):
+    # A shell starting this process in the background ignores SIGINT, and then
+    # interrupt_main() does nothing: install Python's own handler, as an interactive run has.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, _thread.interrupt_main)
     timer.start()
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        engine.generate(["ctrl", "c"], {"max_new_tokens": 3000, "ignore_eos": True})
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.generate(["ctrl", "c"], {"max_new_tokens": 3000, "ignore_eos": True})
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 5
     stats = wait_idle(engine)
     assert stats["active_requests"] == 0

@@ -3,24 +3,24 @@
 //! tokenizer / chat-template side and per-request sampling. The engine only talks to
 //! [`Runner::step`], which is backend-neutral.
 
-pub mod attention;
-pub mod attention_device;
-pub mod config;
+mod attention;
+mod attention_device;
+mod config;
 /// The CUDA host side: our kernels' launchers, their checks and the op profiler.
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod device_spec;
-pub mod error;
-pub mod ggml_ops;
-pub mod kernel_options;
-pub mod kv;
-pub mod load;
+mod device_spec;
+mod error;
+mod ggml_ops;
+mod kernel_options;
+mod kv;
+mod load;
 pub mod model;
 pub mod runner;
 pub mod sampling;
 pub mod synth;
-pub mod text;
-pub mod weights;
+mod text;
+mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use device_spec::DeviceSpec;
