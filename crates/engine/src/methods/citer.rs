@@ -10,7 +10,7 @@
 
 use super::basic::ReturnAfterOne;
 use super::router_net::{
-    check_unit, hidden_rows, require_path, sigmoid_vec, target, BatchNorm, Linear, Site, Weights,
+    check_unit, hidden_rows, router_site, sigmoid_vec, BatchNorm, Linear, Site, Weights,
 };
 use crate::config::{parse_kwargs, ConfigError};
 use crate::policy::{Decision, ModelSite, Needs, Policy, PolicyContext, Registry, StepView};
@@ -126,9 +126,7 @@ fn settings(
     if at.model != 0 {
         return Ok((threshold, None));
     }
-    let to = target(at, &kw.to, "to")?;
-    let path = at.resolve_path(&require_path(&site, &kw.model_path, "model_path")?);
-    Ok((threshold, Some((to, path))))
+    Ok((threshold, Some(router_site(at, &kw.to, &kw.model_path)?)))
 }
 
 pub fn register(r: &mut Registry) {

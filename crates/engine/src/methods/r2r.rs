@@ -11,7 +11,7 @@
 
 use super::basic::ReturnAfterOne;
 use super::router_net::{
-    check_unit, hidden_rows, require_path, sigmoid_vec, target, LayerNorm, Linear, Site, Weights,
+    check_unit, hidden_rows, router_site, sigmoid_vec, LayerNorm, Linear, Site, Weights,
 };
 use crate::config::{parse_kwargs, ConfigError};
 use crate::policy::{Decision, ModelSite, Needs, Policy, PolicyContext, Registry, StepView};
@@ -298,19 +298,12 @@ fn parse(k: &serde_yaml::Value, at: &ModelSite) -> Result<(R2rKwargs, Option<f32
     Ok((kw, threshold))
 }
 
-/// The small model's side: where it routes and which router file it reads.
-fn router(kw: &R2rKwargs, at: &ModelSite) -> Result<(ModelIndex, std::path::PathBuf), ConfigError> {
-    let to = target(at, &kw.to, "to")?;
-    let path = at.resolve_path(&require_path(&Site::at(at), &kw.model_path, "model_path")?);
-    Ok((to, path))
-}
-
 /// Build the R2R small-model policy from its kwargs (also used by tests).
 pub fn build_slm(kwargs: &serde_yaml::Value, ctx: &PolicyContext) -> Result<R2rSlm, ConfigError> {
     let site = Site::of(ctx);
     let at = ctx.site();
     let (kw, threshold) = parse(kwargs, &at)?;
-    let (to, path) = router(&kw, &at)?;
+    let (to, path) = router_site(&at, &kw.to, &kw.model_path)?;
     let w = Weights::load(&path, &ctx.device, &site, "model_path")?;
     let net = R2rNet::from_weights(&w)?;
     let threshold = match threshold {
@@ -363,7 +356,7 @@ pub fn register(r: &mut Registry) {
     fn check(k: &serde_yaml::Value, at: &ModelSite) -> Result<(), ConfigError> {
         let (kw, _) = parse(k, at)?;
         if at.model == 0 {
-            router(&kw, at)?;
+            router_site(at, &kw.to, &kw.model_path)?;
         }
         Ok(())
     }

@@ -318,6 +318,18 @@ pub fn require_path(site: &Site, path: &Option<String>, key: &str) -> Result<Str
     })
 }
 
+/// The entry model's side of a learned router: where it routes (`to`) and which router file
+/// it reads (`model_path`, required; relative to the config or `$TOKENROUTER_CACHE/`).
+pub fn router_site(
+    at: &ModelSite,
+    to: &Option<String>,
+    model_path: &Option<String>,
+) -> Result<(usize, PathBuf), ConfigError> {
+    let to = target(at, to, "to")?;
+    let path = at.resolve_path(&require_path(&Site::at(at), model_path, "model_path")?);
+    Ok((to, path))
+}
+
 /// A probability-like threshold must lie in [0, 1].
 pub fn check_unit(site: &Site, key: &str, v: f64) -> Result<f32, ConfigError> {
     if !(0.0..=1.0).contains(&v) {
