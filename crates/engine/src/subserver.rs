@@ -243,6 +243,13 @@ impl SubServer {
                 self.evict_pending(needed);
                 needed = self.runner.blocks_needed(&wants);
             }
+            if needed > self.runner.free_blocks() && self.running.is_empty() {
+                // Nothing runs, so nothing will free KV: the rest of the queue (requests back
+                // from another model, holding their earlier KV here) gives theirs up, newest
+                // first, or the loop would spin on a head that never fits.
+                self.evict_waiting(needed);
+                needed = self.runner.blocks_needed(&wants);
+            }
             if needed <= self.runner.free_blocks() {
                 if let Some(req) = self.waiting.pop_front() {
                     if let Some((_, at)) = req.handed_off {
@@ -295,6 +302,25 @@ impl SubServer {
                 "KV cache full: evicting a pending request"
             );
             self.runner.free(rid);
+        }
+    }
+
+    /// Free the KV held here by queued requests behind the head (newest first) until
+    /// `needed` blocks are free; they re-prefill when admitted.
+    fn evict_waiting(&mut self, needed: usize) {
+        let queued: Vec<u64> = self.waiting.iter().skip(1).rev().map(|r| r.rid).collect();
+        for rid in queued {
+            if self.runner.free_blocks() >= needed {
+                break;
+            }
+            if self.runner.seq_len(rid).is_some_and(|n| n > 0) {
+                tracing::debug!(
+                    model = self.name(),
+                    rid,
+                    "KV cache full: evicting a queued request's KV"
+                );
+                self.runner.free(rid);
+            }
         }
     }
 
