@@ -128,11 +128,7 @@ class TokenRoutingEngine:
         """
         streams, single = self._submit(prompt, sampling_params, input_ids, model)
         if stream:
-            if not single:
-                for s in streams:
-                    s.close()
-                raise ValueError("stream=True takes one prompt")
-            return self._deltas(streams[0])
+            return self._deltas(self._only(streams, single))
         try:
             results = [self._collect(s) for s in streams]
         finally:
@@ -152,14 +148,9 @@ class TokenRoutingEngine:
         """``generate`` for asyncio: awaits the result without blocking the event loop, or
         with ``stream=True`` returns an async iterator of deltas (``async for d in await
         engine.async_generate(p, stream=True)``). Cancelling the task aborts the request."""
-        if stream:
-            streams, single = self._submit(prompt, sampling_params, input_ids, model)
-            if not single:
-                for s in streams:
-                    s.close()
-                raise ValueError("stream=True takes one prompt")
-            return self._async_deltas(streams[0])
         streams, single = self._submit(prompt, sampling_params, input_ids, model)
+        if stream:
+            return self._async_deltas(self._only(streams, single))
         try:
             results = []
             for s in streams:
@@ -194,6 +185,15 @@ class TokenRoutingEngine:
         return {"active_requests": active, "kv_blocks_used": dict(zip(self._names, kv))}
 
     # -- internals ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _only(streams: list, single: bool) -> "_native.Stream":
+        """The one stream of a streamed call; several prompts are refused (and aborted)."""
+        if not single:
+            for s in streams:
+                s.close()
+            raise ValueError("stream=True takes one prompt")
+        return streams[0]
 
     def _submit(self, prompt, sampling_params, input_ids, model):
         if (prompt is None) == (input_ids is None):
