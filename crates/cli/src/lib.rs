@@ -12,6 +12,7 @@ mod fused_check;
 mod kernel_env;
 mod matmul_bench;
 mod model_bench;
+mod subserver;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -43,6 +44,8 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI-compatible API (default: the Qwen2.5-Coder 0.5B/1.5B pair on CPU).
     Serve(ServeArgs),
+    /// Serve one model of a config to a front end in another process (its `address:`).
+    Subserver(subserver::SubserverArgs),
     /// Print a raw continuation of a prompt (no chat template) with one model.
     Generate(GenerateArgs),
     /// Download the default models into the cache (no-op when present).
@@ -142,6 +145,7 @@ where
 fn run(command: Command) -> Result<()> {
     match command {
         Command::Serve(a) => serve(a),
+        Command::Subserver(a) => subserver::run(a),
         Command::Generate(a) => generate(a),
         Command::Fetch { cache_dir } => {
             let dir = cache_dir.unwrap_or_else(tokenrouter_fetch::default_cache_dir);
@@ -259,7 +263,7 @@ fn serve(a: ServeArgs) -> Result<()> {
     })
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         let mut term =

@@ -92,6 +92,10 @@ pub struct ModelSection {
     /// defaults are the fast paths.
     #[serde(default)]
     pub runtime: KernelOptions,
+    /// Served by `tokenrouter subserver` at this address (`tcp://host:port`, `ipc:///path`)
+    /// instead of in this process; the other keys must match that process's config.
+    #[serde(default)]
+    pub address: Option<String>,
 }
 
 impl ModelSection {
@@ -156,6 +160,31 @@ pub struct SystemSection {
     /// More names meaning the routed model; the research system's clients send `default`.
     #[serde(default = "default_model_aliases")]
     pub served_model_aliases: Vec<String>,
+    /// Connections to sub-servers in other processes (models with `address:`).
+    #[serde(default)]
+    pub remote: RemoteSettings,
+}
+
+/// `system.remote`: how patient the front end is with remote sub-servers.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RemoteSettings {
+    /// How long `serve` keeps trying to reach a remote at start (it may still be loading).
+    pub connect_timeout_s: f64,
+    /// A remote that has not answered for this long is down: its requests fail.
+    pub timeout_s: f64,
+    /// Longest wait between reconnection attempts.
+    pub reconnect_max_backoff_ms: u64,
+}
+
+impl Default for RemoteSettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout_s: 120.0,
+            timeout_s: 10.0,
+            reconnect_max_backoff_ms: 2000,
+        }
+    }
 }
 
 fn default_model_aliases() -> Vec<String> {
@@ -254,6 +283,8 @@ pub struct NamedModel {
     pub device: DeviceSpec,
     /// Compute dtype for dense weights (the section's, else the device's default).
     pub dtype: candle_core::DType,
+    /// Where a sub-server in another process serves this model (None: in this process).
+    pub address: Option<tokenrouter_wire::PeerAddress>,
 }
 
 /// "did you mean ...?" for serde's `unknown field `x`, expected one of `a`, `b`, ...`: the
@@ -329,6 +360,7 @@ impl EngineConfig {
                     .join(", ")
             )));
         }
+        check_remote(&cfg).map_err(invalid)?;
         // Every model's method and kwargs, parsed into their typed settings and checked,
         // before any weights load.
         let registry = crate::policy::Registry::default();
@@ -380,11 +412,19 @@ fn parse_models(
         let dtype = device
             .dtype(section.dtype.as_deref())
             .map_err(|e| invalid(format!("model.{name}.dtype: {e}")))?;
+        let address = match &section.address {
+            None => None,
+            Some(a) => Some(
+                a.parse()
+                    .map_err(|e| invalid(format!("model.{name}.address: {e}")))?,
+            ),
+        };
         out.push(NamedModel {
             name,
             section,
             device,
             dtype,
+            address,
         });
     }
     if out.is_empty() {
@@ -395,6 +435,52 @@ fn parse_models(
         out.insert(0, entry);
     }
     Ok(out)
+}
+
+/// What v1 of remote sub-servers supports: the entry model in this process (the front end
+/// needs its tokenizer and starts every request there), asynchronous execution, fixed
+/// delayed-batching thresholds (the online tuner measures one process).
+fn check_remote(cfg: &EngineConfig) -> Result<(), String> {
+    if !cfg.models.iter().any(|m| m.address.is_some()) {
+        return Ok(());
+    }
+    if let Some(entry) = cfg.models.first().filter(|m| m.address.is_some()) {
+        return Err(format!(
+            "model.{}.address: the entry model must run in this process (it starts every \
+             request and its tokenizer serves the API); give `address:` to another model",
+            entry.name
+        ));
+    }
+    if cfg.system.execution == Execution::Sync {
+        return Err(
+            "system.execution: `sync` (lockstep) cannot step a model in another process; use \
+             `async` with remote models"
+                .into(),
+        );
+    }
+    if let Some(m) = cfg
+        .models
+        .iter()
+        .find(|m| matches!(m.section.delayed_batching_threshold, Threshold::Auto(_)))
+    {
+        return Err(format!(
+            "model.{}.delayed_batching_threshold: `auto` is not supported with remote models \
+             (the tuner measures one process); give a number",
+            m.name
+        ));
+    }
+    let r = &cfg.system.remote;
+    for (key, v) in [
+        ("connect_timeout_s", r.connect_timeout_s),
+        ("timeout_s", r.timeout_s),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(format!(
+                "system.remote.{key}: must be a positive number of seconds, got {v}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Parse the `scheduler_kwargs` of one model into a policy's typed options, with an error

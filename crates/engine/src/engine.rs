@@ -20,7 +20,7 @@ use tokenrouter_api::{
 use tokenrouter_runtime::TextModel;
 
 mod backend;
-mod load;
+pub(crate) mod load;
 
 use load::load;
 pub use load::{load_config_models, ConfigModel};
@@ -43,9 +43,44 @@ pub enum EngineError {
     Submit(#[from] SubmitError),
 }
 
+/// A model of the pair: a sub-server in this process, or a connection to one elsewhere.
+// Built once per model at start: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Slot {
+    Local(SubServer),
+    Remote(Box<crate::remote::proxy::Connected>),
+}
+
+/// Where the inter-model loop delivers a model's messages.
+enum Inbox {
+    Local(mpsc::Sender<Inbound>),
+    Remote(tokio::sync::mpsc::UnboundedSender<Inbound>),
+}
+
+impl Inbox {
+    fn send(&self, m: Inbound) {
+        let _ = match self {
+            Inbox::Local(tx) => tx.send(m).map_err(|_| ()),
+            Inbox::Remote(tx) => tx.send(m).map_err(|_| ()),
+        };
+    }
+}
+
+/// The runtime the proxies of remote models run on; stopped without blocking when the
+/// engine goes (it may be dropped inside another runtime).
+struct RemoteRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for RemoteRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// What `load` produces before threads start.
 struct Loaded {
-    subs: Vec<SubServer>,
+    subs: Vec<Slot>,
     text: Arc<TextModel>,
     infos: Vec<ModelInfo>,
     shared: Arc<Shared>,
@@ -63,6 +98,8 @@ struct Inner {
     to_exchange: Mutex<Option<mpsc::Sender<ToExchange>>>,
     next_rid: AtomicU64,
     tuner_stop: Arc<AtomicBool>,
+    remote_rt: Mutex<Option<RemoteRuntime>>,
+    remote_stats: Arc<crate::remote::ProxyStats>,
 }
 
 /// The running engine; cheap to clone.
@@ -71,11 +108,12 @@ pub struct Engine {
     inner: Arc<Inner>,
 }
 
-/// Async mode: one thread per sub-server, stepping at its own pace.
-fn run_subserver(
+/// Async mode: one thread per sub-server, stepping at its own pace; `emit` takes what it
+/// produces (false: nobody listens any more, stop).
+pub(crate) fn run_subserver(
     mut sub: SubServer,
     inbox: mpsc::Receiver<Inbound>,
-    exchange: mpsc::Sender<ToExchange>,
+    mut emit: impl FnMut(tokenrouter_api::ModelIndex, crate::subserver::Outbound) -> bool,
 ) {
     let mut out = Vec::new();
     loop {
@@ -104,22 +142,20 @@ fn run_subserver(
         }
         sub.step_guarded(&mut out);
         for o in out.drain(..) {
-            if exchange.send(ToExchange::Out(sub.idx, o)).is_err() {
+            if !emit(sub.idx, o) {
                 return;
             }
         }
     }
 }
 
-fn run_exchange(rx: mpsc::Receiver<ToExchange>, inboxes: Vec<mpsc::Sender<Inbound>>) {
+fn run_exchange(rx: mpsc::Receiver<ToExchange>, inboxes: Vec<Inbox>) {
     let mut ex = Exchange::default();
     while let Ok(msg) = rx.recv() {
         if matches!(msg, ToExchange::Shutdown) {
             return;
         }
-        ex.handle(msg, &mut |m, inbound| {
-            let _ = inboxes[m].send(inbound);
-        });
+        ex.handle(msg, &mut |m, inbound| inboxes[m].send(inbound));
     }
 }
 
@@ -178,6 +214,8 @@ impl Engine {
             to_exchange: Mutex::new(None),
             next_rid: AtomicU64::new(1),
             tuner_stop: Arc::new(AtomicBool::new(false)),
+            remote_rt: Mutex::new(None),
+            remote_stats: Default::default(),
         });
         let engine = Engine { inner };
         let e2 = engine.clone();
@@ -237,7 +275,27 @@ impl Engine {
 
     fn load_and_run(&self) -> Result<(), EngineError> {
         let registry = Registry::default();
-        let mut loaded = load(&self.inner.config, self.inner.metrics.clone(), &registry)?;
+        let config = &self.inner.config;
+        let remote_rt = if config.models.iter().any(|m| m.address.is_some()) {
+            Some(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("tokenrouter-remote")
+                    .enable_all()
+                    .build()
+                    .map_err(|e| EngineError::Start(e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        let loaded = load(
+            config,
+            self.inner.metrics.clone(),
+            &registry,
+            remote_rt.as_ref(),
+        );
+        let remote_rt = RemoteRuntime(remote_rt);
+        let mut loaded = loaded?;
         let any_auto = self.inner.config.models()?.iter().any(|m| {
             matches!(
                 m.section.delayed_batching_threshold,
@@ -248,7 +306,16 @@ impl Engine {
         // Before serving, each model times its own decode steps by batch size (and all of them
         // their contention) so the tuner plans from measured latencies from the first request.
         let profile = if tune {
-            crate::profile::profile_models(&mut loaded.subs)
+            // `auto` thresholds are refused with remote models (config check), so all are here.
+            let mut subs: Vec<SubServer> = Vec::new();
+            for slot in loaded.subs.drain(..) {
+                if let Slot::Local(s) = slot {
+                    subs.push(s);
+                }
+            }
+            let p = crate::profile::profile_models(&mut subs);
+            loaded.subs = subs.into_iter().map(Slot::Local).collect();
+            p
         } else {
             crate::profile::Profile::default()
         };
@@ -268,12 +335,31 @@ impl Engine {
         match self.inner.config.system.execution {
             Execution::Async => {
                 let mut inboxes = Vec::new();
-                for sub in loaded.subs {
-                    let (itx, irx) = mpsc::channel();
-                    inboxes.push(itx);
-                    let etx = tx.clone();
-                    let name = format!("tokenrouter-model-{}", sub.idx);
-                    spawn(name, Box::new(move || run_subserver(sub, irx, etx)))?;
+                for slot in loaded.subs {
+                    match slot {
+                        Slot::Local(sub) => {
+                            let (itx, irx) = mpsc::channel();
+                            inboxes.push(Inbox::Local(itx));
+                            let etx = tx.clone();
+                            let name = format!("tokenrouter-model-{}", sub.idx);
+                            let emit = move |idx, o| etx.send(ToExchange::Out(idx, o)).is_ok();
+                            spawn(name, Box::new(move || run_subserver(sub, irx, emit)))?;
+                        }
+                        Slot::Remote(c) => {
+                            let Some(rt) = remote_rt.0.as_ref() else {
+                                return Err(EngineError::Start(
+                                    "no runtime for remote models".into(),
+                                ));
+                            };
+                            inboxes.push(Inbox::Remote(crate::remote::proxy::spawn_proxy(
+                                rt.handle(),
+                                *c,
+                                loaded.shared.clone(),
+                                tx.clone(),
+                                self.inner.remote_stats.clone(),
+                            )));
+                        }
+                    }
                 }
                 spawn(
                     "tokenrouter-exchange".into(),
@@ -281,12 +367,23 @@ impl Engine {
                 )?;
             }
             Execution::Sync => {
-                let subs = loaded.subs;
+                // `execution: sync` is refused with remote models (config check).
+                let subs: Vec<SubServer> = loaded
+                    .subs
+                    .into_iter()
+                    .filter_map(|s| match s {
+                        Slot::Local(s) => Some(s),
+                        Slot::Remote(_) => None,
+                    })
+                    .collect();
                 spawn(
                     "tokenrouter-lockstep".into(),
                     Box::new(move || run_lockstep(subs, rx)),
                 )?;
             }
+        }
+        if let Ok(mut slot) = self.inner.remote_rt.lock() {
+            *slot = Some(remote_rt);
         }
         let _ = self.inner.text.set(loaded.text);
         let _ = self.inner.infos.set(loaded.infos);
@@ -327,6 +424,11 @@ impl Engine {
                 let _ = tx.send(ToExchange::Shutdown);
             }
         }
+    }
+
+    /// Reconnects and first-contact re-sends of the remote models' proxies.
+    pub fn remote_stats(&self) -> Arc<crate::remote::ProxyStats> {
+        self.inner.remote_stats.clone()
     }
 
     pub fn text(&self) -> Option<Arc<TextModel>> {

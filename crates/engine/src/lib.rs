@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod overrides;
 pub mod policy;
 pub mod profile;
+pub mod remote;
 pub mod request;
 pub mod routing_knob;
 pub mod subserver;

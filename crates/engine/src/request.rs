@@ -2,10 +2,36 @@
 //! model wrote each output token, and the sampling state. This is the whole message a
 //! hand-off carries; the KV cache stays behind at each model that has seen the request.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 use tokenrouter_api::{FinishReason, GenerateEvent, ModelIndex, RoutingOverrides, TokenEvent};
 use tokenrouter_runtime::Sampler;
 use tokio::sync::mpsc::UnboundedSender;
+
+/// Where a request's events go: to its client, or (the copy a remote sub-server keeps) to
+/// the session with the front end, which forwards them.
+pub enum EventSink {
+    Client(UnboundedSender<GenerateEvent>),
+    Peer {
+        out: UnboundedSender<PeerOut>,
+        /// Set when the front end says the client went away.
+        cancelled: Arc<AtomicBool>,
+    },
+}
+
+/// What a remote sub-server sends its front end, in one queue so that order holds: a
+/// request's tokens always precede its hand-back or its end.
+pub enum PeerOut {
+    /// An event of a request, with its output length before the event (a token's position).
+    Event {
+        rid: u64,
+        pos: usize,
+        event: GenerateEvent,
+    },
+    /// What the sub-server produced (a hand-off to another model, or the request is done).
+    Out(crate::subserver::Outbound),
+}
 
 pub struct Req {
     pub rid: u64,
@@ -27,7 +53,10 @@ pub struct Req {
     pub visit_tokens: usize,
     /// The model the request came from and when it left there (hand-off latency).
     pub handed_off: Option<(ModelIndex, Instant)>,
-    events: UnboundedSender<GenerateEvent>,
+    /// Shortest `total_len()` since [`Req::mark_returned`]: tokens at and beyond it may
+    /// differ from what a remote copy of the request holds.
+    low_water: usize,
+    events: EventSink,
 }
 
 impl Req {
@@ -41,8 +70,9 @@ impl Req {
         stop_ids: Vec<u32>,
         pinned: Option<ModelIndex>,
         top_logprobs: usize,
-        events: UnboundedSender<GenerateEvent>,
+        events: impl Into<EventSink>,
     ) -> Self {
+        let low_water = prompt.len();
         Self {
             rid,
             prompt,
@@ -57,7 +87,8 @@ impl Req {
             routing: RoutingOverrides::default(),
             visit_tokens: 0,
             handed_off: None,
-            events,
+            low_water,
+            events: events.into(),
         }
     }
 
@@ -85,16 +116,37 @@ impl Req {
 
     /// The client went away (its stream was dropped).
     pub fn is_cancelled(&self) -> bool {
-        self.events.is_closed()
+        match &self.events {
+            EventSink::Client(tx) => tx.is_closed(),
+            EventSink::Peer { out, cancelled } => {
+                cancelled.load(Ordering::SeqCst) || out.is_closed()
+            }
+        }
+    }
+
+    fn emit(&self, event: GenerateEvent, pos: usize) {
+        match &self.events {
+            EventSink::Client(tx) => {
+                let _ = tx.send(event);
+            }
+            EventSink::Peer { out, .. } => {
+                let _ = out.send(PeerOut::Event {
+                    rid: self.rid,
+                    pos,
+                    event,
+                });
+            }
+        }
     }
 
     /// Append a written token and stream it out.
     pub fn push_token(&mut self, ev: TokenEvent) {
+        let pos = self.output.len();
         self.sampler.observe(ev.id);
         self.output.push(ev.id);
         self.sources.push(ev.source);
         self.visit_tokens += 1;
-        let _ = self.events.send(GenerateEvent::Token(ev));
+        self.emit(GenerateEvent::Token(ev), pos);
     }
 
     /// Drop the last `n` output tokens (a receiver refused part of a delta).
@@ -102,6 +154,62 @@ impl Req {
         let keep = self.output.len().saturating_sub(n);
         self.output.truncate(keep);
         self.sources.truncate(keep);
+        self.low_water = self.low_water.min(self.total_len());
+    }
+
+    /// A remote copy's events go to its current visit's session.
+    pub(crate) fn set_sink(&mut self, sink: EventSink) {
+        self.events = sink;
+    }
+
+    /// The request came back from a remote copy that holds exactly its tokens now.
+    pub(crate) fn mark_returned(&mut self) {
+        self.low_water = self.total_len();
+    }
+
+    /// Positions that surely equal a remote copy last synced at `remote_len` positions.
+    pub(crate) fn common_prefix(&self, remote_len: usize) -> usize {
+        remote_len.min(self.low_water).max(self.prompt.len())
+    }
+
+    /// A remote copy catches up: keep `anchor` positions, then append output tokens (as
+    /// [`Req::push_token`] would, counting them for penalties, but without events: the
+    /// client already has them).
+    pub(crate) fn apply_delta(
+        &mut self,
+        anchor: usize,
+        tokens: &[u32],
+        sources: &[ModelIndex],
+    ) -> Result<(), String> {
+        let p = self.prompt.len();
+        if anchor < p || anchor > self.total_len() {
+            return Err(format!(
+                "delta anchored at {anchor}, outside the output (prompt {p}, total {})",
+                self.total_len()
+            ));
+        }
+        if tokens.len() != sources.len() {
+            return Err(format!(
+                "{} tokens but {} sources",
+                tokens.len(),
+                sources.len()
+            ));
+        }
+        self.output.truncate(anchor - p);
+        self.sources.truncate(anchor - p);
+        for (&t, &s) in tokens.iter().zip(sources) {
+            self.sampler.observe(t);
+            self.output.push(t);
+            self.sources.push(s);
+        }
+        Ok(())
+    }
+
+    /// A first contact's output: appended as it was, counts already restored.
+    pub(crate) fn set_output(&mut self, output: Vec<u32>, sources: Vec<ModelIndex>) {
+        self.output = output;
+        self.sources = sources;
+        self.low_water = self.total_len();
     }
 
     /// Whether the request is done after its latest token, given the context limit.
@@ -118,10 +226,68 @@ impl Req {
     }
 
     pub fn finish(&self, reason: FinishReason) {
-        let _ = self.events.send(GenerateEvent::Finished { reason });
+        self.emit(GenerateEvent::Finished { reason }, self.output.len());
     }
 
     pub fn fail(&self, message: String) {
-        let _ = self.events.send(GenerateEvent::Error(message));
+        self.emit(GenerateEvent::Error(message), self.output.len());
+    }
+}
+
+impl From<UnboundedSender<GenerateEvent>> for EventSink {
+    fn from(tx: UnboundedSender<GenerateEvent>) -> Self {
+        EventSink::Client(tx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenrouter_api::SamplingParams;
+
+    fn req(prompt: usize) -> Req {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let p: Vec<u32> = (0..prompt as u32).collect();
+        let s = Sampler::new(SamplingParams::greedy(), 1, &p);
+        Req::new(7, p, s, 1, 100, vec![], None, 0, tx)
+    }
+
+    fn tok(id: u32, source: ModelIndex) -> TokenEvent {
+        TokenEvent {
+            id,
+            source,
+            logprob: 0.0,
+            top_logprobs: vec![],
+            router_score: None,
+        }
+    }
+
+    #[test]
+    fn low_water_tracks_drops() {
+        let mut r = req(3);
+        for i in 0..5 {
+            r.push_token(tok(10 + i, 0));
+        }
+        r.mark_returned();
+        assert_eq!(r.common_prefix(8), 8);
+        r.drop_last(2);
+        r.push_token(tok(99, 0));
+        assert_eq!(r.total_len(), 7);
+        // The copy has 8 positions; two were dropped here since: only 6 surely agree.
+        assert_eq!(r.common_prefix(8), 6);
+        r.mark_returned();
+        assert_eq!(r.common_prefix(7), 7);
+    }
+
+    #[test]
+    fn apply_delta_truncates_then_appends() {
+        let mut r = req(2);
+        r.set_output(vec![5, 6, 7], vec![0, 1, 0]);
+        r.apply_delta(3, &[8, 9], &[0, 0]).unwrap();
+        assert_eq!(r.output, vec![5, 8, 9]);
+        assert_eq!(r.sources, vec![0, 0, 0]);
+        assert!(r.apply_delta(1, &[1], &[0]).is_err());
+        assert!(r.apply_delta(9, &[1], &[0]).is_err());
+        assert!(r.apply_delta(2, &[1], &[]).is_err());
     }
 }

@@ -125,6 +125,11 @@ impl SubServer {
         self.held() > 0
     }
 
+    /// The longest sequence this model's runner holds.
+    pub fn max_len(&self) -> usize {
+        self.runner.max_len()
+    }
+
     pub fn kv_used_blocks(&self) -> usize {
         self.runner.usage().used_blocks
     }
@@ -206,10 +211,9 @@ impl SubServer {
         if let Some(r) = reason {
             req.finish(r);
         }
-        self.shared.active.fetch_sub(1, Ordering::SeqCst);
-        self.shared
-            .queued_prompt_tokens
-            .fetch_sub(req.prompt.len(), Ordering::SeqCst);
+        // Saturating: a remote sub-server's counters mirror requests its front end admitted.
+        crate::remote::saturating_dec(&self.shared.active, 1);
+        crate::remote::saturating_dec(&self.shared.queued_prompt_tokens, req.prompt.len());
         self.shared.metrics.active.dec();
         out.push(Outbound::Done { rid: req.rid });
     }

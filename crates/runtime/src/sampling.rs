@@ -2,8 +2,10 @@
 //! repetition / presence / frequency penalties, logit bias, and logprobs. Each request
 //! owns its seeded RNG, so its samples never depend on what else shares the batch.
 
-use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+// `rand::rngs::StdRng` is this generator (rand 0.9); naming it gives access to the stream
+// position, so a request's sampler can continue in another process (remote sub-servers).
+use rand_chacha::ChaCha12Rng;
 use std::collections::HashMap;
 
 pub use tokenrouter_api::SamplingParams;
@@ -21,7 +23,7 @@ pub struct Sampled {
 #[derive(Clone, Debug)]
 pub struct Sampler {
     pub config: SamplingParams,
-    rng: StdRng,
+    rng: ChaCha12Rng,
     counts: HashMap<u32, u32>,
     prompt_tokens: std::collections::HashSet<u32>,
 }
@@ -131,10 +133,42 @@ impl Sampler {
     pub fn new(config: SamplingParams, seed: u64, prompt: &[u32]) -> Self {
         Self {
             config,
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha12Rng::seed_from_u64(seed),
             counts: HashMap::new(),
             prompt_tokens: prompt.iter().copied().collect(),
         }
+    }
+
+    /// Rebuild a sampler elsewhere from what [`Sampler::rng_position`] and
+    /// [`Sampler::counts`] report: it then draws exactly what the original would draw next.
+    pub fn restore(
+        config: SamplingParams,
+        seed: u64,
+        prompt: &[u32],
+        rng_position: u128,
+        counts: &[(u32, u32)],
+    ) -> Self {
+        let mut s = Self::new(config, seed, prompt);
+        s.set_rng_position(rng_position);
+        s.counts = counts.iter().copied().collect();
+        s
+    }
+
+    /// Where the RNG's stream stands, in 32-bit words since the seed.
+    pub fn rng_position(&self) -> u128 {
+        self.rng.get_word_pos()
+    }
+
+    /// Move the RNG to a position another copy of this sampler reported.
+    pub fn set_rng_position(&mut self, position: u128) {
+        self.rng.set_word_pos(position);
+    }
+
+    /// The penalty counts (token, times seen in the output), sorted by token.
+    pub fn counts(&self) -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32)> = self.counts.iter().map(|(&t, &n)| (t, n)).collect();
+        v.sort_unstable();
+        v
     }
 
     /// Record a token that became part of the output (from whichever model).
@@ -326,6 +360,39 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(s.sample(&[5.0, 4.0, 1.0], 3, 0).token, 0);
         }
+    }
+
+    #[test]
+    fn chacha12_stream_equals_stdrng() {
+        // Seeded outputs from before the switch to the named generator stay the same.
+        let mut a = rand::rngs::StdRng::seed_from_u64(42);
+        let mut b = ChaCha12Rng::seed_from_u64(42);
+        for _ in 0..100 {
+            assert_eq!(a.random::<u64>(), b.random::<u64>());
+        }
+    }
+
+    #[test]
+    fn restore_continues_the_same_stream() {
+        let mut c = cfg();
+        c.temperature = 0.9;
+        c.presence_penalty = 0.7;
+        let logits: Vec<f32> = (0..64).map(|i| (i % 9) as f32 * 0.25).collect();
+        let mut original = Sampler::new(c.clone(), 11, &[3, 4]);
+        for _ in 0..7 {
+            let t = original.sample(&logits, 64, 0).token;
+            original.observe(t);
+        }
+        let mut copy =
+            Sampler::restore(c, 11, &[3, 4], original.rng_position(), &original.counts());
+        assert!(original.rng_position() > 0);
+        for _ in 0..20 {
+            let (a, b) = (original.sample(&logits, 64, 0), copy.sample(&logits, 64, 0));
+            assert_eq!(a, b);
+            original.observe(a.token);
+            copy.observe(b.token);
+        }
+        assert_eq!(original.counts(), copy.counts());
     }
 
     #[test]

@@ -1,0 +1,463 @@
+//! The tiny synthetic pair with its large model in a second process (`tokenrouter
+//! subserver`) over the real transport on loopback: the same outputs as in one process,
+//! KV freed on both sides, a killed or restarted sub-server, and peers that are not ours.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokenrouter_api::{Backend, GenerateEvent, SamplingParams};
+use tokenrouter_engine::{Engine, EngineConfig, GenerateParams};
+
+/// A running `tokenrouter subserver` for `reference`.
+struct Remote {
+    child: Child,
+    peer: String,
+    http: String,
+}
+
+impl Remote {
+    fn start(config: &Path, listen: &str, extra: &[&str]) -> Remote {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tokenrouter"))
+            .arg("subserver")
+            .arg("--config")
+            .arg(config)
+            .args(["--model", "reference", "--listen", listen])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the sub-server");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let mut peer = None;
+        let mut http = None;
+        while peer.is_none() || http.is_none() {
+            let line = lines
+                .next()
+                .expect("the sub-server prints its addresses")
+                .expect("read");
+            if let Some(a) = line.strip_prefix("listening on ") {
+                peer = Some(a.to_string());
+            }
+            if let Some(a) = line.strip_prefix("http on ") {
+                http = Some(a.to_string());
+            }
+        }
+        Remote {
+            child,
+            peer: peer.unwrap_or_default(),
+            http: http.unwrap_or_default(),
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn tiny(dir: &Path, p: f64) -> PathBuf {
+    tokenrouter_engine::synth_pair::write_tiny_pair(dir, p, 3, "").expect("write the tiny pair")
+}
+
+fn front_config(file: &Path, peer: &str, extra: &[&str]) -> EngineConfig {
+    let mut sets = vec![format!("model.reference.address={peer}")];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    EngineConfig::from_file_with_overrides(file, &sets).expect("front config")
+}
+
+async fn start(cfg: EngineConfig) -> Result<Engine, String> {
+    let e = Engine::start(cfg).map_err(|e| e.to_string())?;
+    let e2 = e.clone();
+    tokio::task::spawn_blocking(move || e2.wait_ready(Duration::from_secs(120)))
+        .await
+        .expect("join")
+        .map_err(|e| e.to_string())?;
+    Ok(e)
+}
+
+const PROMPTS: [&str; 8] = [
+    "def add(a, b):",
+    "The quick brown fox",
+    "import numpy as np\n",
+    "SELECT * FROM",
+    "Once upon a time",
+    "fn main() {",
+    "1, 2, 3, 5, 8,",
+    "<html><body>",
+];
+
+fn params(seeded: bool, i: usize) -> GenerateParams {
+    let mut p = GenerateParams {
+        max_tokens: 32,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    // Routing decisions are seeded by the request's seed: fix it, or each run routes anew.
+    p.sampling.seed = Some(10 + i as u64);
+    if seeded {
+        p.sampling = SamplingParams {
+            temperature: 0.8,
+            top_p: 0.9,
+            presence_penalty: 0.5,
+            seed: Some(100 + i as u64),
+            ..Default::default()
+        };
+    }
+    p
+}
+
+/// (ids, sources) per prompt, one at a time (c = 1) or all at once (c = 8).
+async fn outputs(e: &Engine, concurrent: bool, seeded: bool) -> Vec<(Vec<u32>, Vec<usize>)> {
+    let mut out = Vec::new();
+    if concurrent {
+        let handles: Vec<_> = PROMPTS
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let e = e.clone();
+                tokio::spawn(async move { e.generate(p, params(seeded, i)).await })
+            })
+            .collect();
+        for h in handles {
+            let g = h.await.expect("join").expect("generate");
+            out.push((g.token_ids, g.sources));
+        }
+    } else {
+        for (i, p) in PROMPTS.iter().enumerate() {
+            let g = e.generate(p, params(seeded, i)).await.expect("generate");
+            out.push((g.token_ids, g.sources));
+        }
+    }
+    out
+}
+
+/// A 3000-token request for prompt `i`, running until the test ends it.
+fn submit_long(e: &Engine, i: usize, pinned: Option<usize>) -> tokenrouter_api::GenerateStream {
+    let mut p = params(false, i);
+    p.max_tokens = 3000;
+    p.pinned_model = pinned;
+    let prompt = e.text().unwrap().encode(PROMPTS[i]).unwrap();
+    e.submit(p.into_request(prompt)).unwrap()
+}
+
+fn wait_free(e: &Engine, within: Duration) {
+    let shared = e.shared().expect("running");
+    let start = Instant::now();
+    loop {
+        let used: Vec<usize> = shared
+            .kv_used
+            .iter()
+            .map(|u| u.load(Ordering::SeqCst))
+            .collect();
+        let active = shared.active.load(Ordering::SeqCst);
+        if used.iter().all(|&u| u == 0) && active == 0 {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "KV not freed: {used:?} blocks in use, {active} active requests"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+async fn http_get(url: String) -> (u16, String) {
+    match reqwest::get(&url).await {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap_or_default())
+        }
+        Err(e) => (0, e.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_matches_in_process_at_c1_and_c8() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    let local = start(EngineConfig::from_file(&file).unwrap())
+        .await
+        .unwrap();
+    let mut want = Vec::new();
+    for (concurrent, seeded) in [(false, false), (true, false), (false, true), (true, true)] {
+        want.push(outputs(&local, concurrent, seeded).await);
+    }
+    local.shutdown();
+
+    let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
+    let front = start(front_config(&file, &remote.peer, &[])).await.unwrap();
+    for (k, (concurrent, seeded)) in [(false, false), (true, false), (false, true), (true, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let got = outputs(&front, concurrent, seeded).await;
+        for (i, (g, w)) in got.iter().zip(&want[k]).enumerate() {
+            assert_eq!(
+                g, w,
+                "prompt {i} (concurrent {concurrent}, seeded {seeded}) differs from in-process"
+            );
+        }
+        let sources: Vec<usize> = got.iter().flat_map(|(_, s)| s.clone()).collect();
+        assert!(
+            sources.contains(&0) && sources.contains(&1),
+            "both models wrote"
+        );
+    }
+    wait_free(&front, Duration::from_secs(5));
+    let (status, metrics) = http_get(format!("http://{}/metrics", remote.http)).await;
+    assert_eq!(status, 200);
+    assert!(metrics.contains("reference"), "{metrics}");
+    front.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_unix_socket_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    let sock = format!("ipc://{}", dir.path().join("reference.sock").display());
+    let remote = Remote::start(&file, &sock, &[]);
+    assert_eq!(remote.peer, sock);
+    let front = start(front_config(&file, &remote.peer, &[])).await.unwrap();
+    let g = front.generate("hello", params(false, 0)).await.unwrap();
+    assert_eq!(g.token_ids.len(), 32);
+    front.shutdown();
+}
+
+/// Abort (the client drops its stream) and a finished request: KV free in both processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_frees_kv_on_both_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
+    let front = start(front_config(&file, &remote.peer, &[])).await.unwrap();
+    let shared = front.shared().unwrap();
+    for pinned in [None, Some(1)] {
+        let mut streams: Vec<_> = (0..4).map(|i| submit_long(&front, i, pinned)).collect();
+        // Let every request write some tokens, and the remote hold KV for some.
+        for s in &mut streams {
+            for _ in 0..20 {
+                match s.events.recv().await {
+                    Some(GenerateEvent::Token(_)) => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        }
+        let start = Instant::now();
+        while shared.kv_used[1].load(Ordering::SeqCst) == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the remote never holds KV"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(streams);
+        tokio::task::spawn_blocking({
+            let f = front.clone();
+            move || wait_free(&f, Duration::from_secs(10))
+        })
+        .await
+        .unwrap();
+        // The remote's own numbers, not only what the front mirrors.
+        let start = Instant::now();
+        loop {
+            let (_, m) = http_get(format!("http://{}/metrics", remote.http)).await;
+            let line = m
+                .lines()
+                .find(|l| l.contains("kv_cache_usage_perc{"))
+                .unwrap_or_default()
+                .to_string();
+            if line.ends_with(" 0") {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "remote KV: {line}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    front.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_remote_then_restarting_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let addr = format!("tcp://127.0.0.1:{port}");
+    let mut remote = Remote::start(&file, &addr, &[]);
+    let front = start(front_config(
+        &file,
+        &addr,
+        &["system.remote={timeout_s: 2}"],
+    ))
+    .await
+    .unwrap();
+    let mut streams: Vec<_> = (0..4).map(|i| submit_long(&front, i, None)).collect();
+    for s in &mut streams {
+        for _ in 0..5 {
+            assert!(matches!(
+                s.events.recv().await,
+                Some(GenerateEvent::Token(_))
+            ));
+        }
+    }
+    remote.kill();
+    let killed = Instant::now();
+    for s in &mut streams {
+        let end = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                match s.events.recv().await {
+                    Some(GenerateEvent::Token(_)) => {}
+                    other => return other,
+                }
+            }
+        })
+        .await
+        .expect("every in-flight request ends within the timeout");
+        match end {
+            Some(GenerateEvent::Error(e)) => assert!(e.contains("reference"), "{e}"),
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+    println!("all requests ended {:?} after the kill", killed.elapsed());
+    let unhealthy = front.unhealthy();
+    assert!(
+        unhealthy
+            .iter()
+            .any(|(m, r)| m == "reference" && r.contains("unreachable")),
+        "{unhealthy:?}"
+    );
+    // Routed requests are refused; a request pinned to the healthy model works.
+    let prompt = front.text().unwrap().encode("hi").unwrap();
+    let routed = front.submit(params(false, 0).into_request(prompt.clone()));
+    assert!(routed.is_err());
+    let mut pinned = params(false, 0);
+    pinned.pinned_model = Some(0);
+    let g = front.generate("hi", pinned).await.expect("pinned to quick");
+    assert_eq!(g.token_ids.len(), 32);
+    // Back on the same port: healthy again, new requests succeed, KV free.
+    let _remote = Remote::start(&file, &addr, &[]);
+    let start = Instant::now();
+    while !front.unhealthy().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            front.unhealthy()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let g = front
+        .generate("hi", params(false, 0))
+        .await
+        .expect("routed again");
+    assert!(g.sources.contains(&1));
+    assert_eq!(front.remote_stats().reconnects.load(Ordering::SeqCst), 1);
+    tokio::task::spawn_blocking({
+        let f = front.clone();
+        move || wait_free(&f, Duration::from_secs(10))
+    })
+    .await
+    .unwrap();
+    front.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_wrong_version_and_mismatched_peers_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    // (a) Something else listens there: it writes junk.
+    let junk = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let junk_addr = format!("tcp://{}", junk.local_addr().unwrap());
+    std::thread::spawn(move || {
+        use std::io::Write;
+        for mut s in junk.incoming().flatten() {
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\nhello, I am not gRPC");
+        }
+    });
+    let err = start(front_config(
+        &file,
+        &junk_addr,
+        &["system.remote={connect_timeout_s: 3}"],
+    ))
+    .await
+    .err()
+    .expect("a junk peer is refused");
+    assert!(
+        err.contains("reference") && err.contains(&junk_addr),
+        "{err}"
+    );
+    println!("junk peer: {err}");
+
+    // (b) Junk bytes to a real sub-server: it stays up and serves a real front end after.
+    let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
+    {
+        use std::io::Write;
+        let hp = remote.peer.trim_start_matches("tcp://");
+        let mut s = std::net::TcpStream::connect(hp).unwrap();
+        let _ = s.write_all(&[0xff; 4096]);
+    }
+    // (c) Another protocol version: refused, naming both.
+    let addr: tokenrouter_wire::PeerAddress = remote.peer.parse().unwrap();
+    let mut client = tokenrouter_wire::connect(&addr, &Default::default())
+        .await
+        .unwrap();
+    let hello = tokenrouter_wire::pb::FrontMsg {
+        m: Some(tokenrouter_wire::pb::front_msg::M::Hello(
+            tokenrouter_wire::pb::Hello {
+                protocol_version: 999,
+                model_name: "reference".into(),
+                model_index: 1,
+                ..Default::default()
+            },
+        )),
+    };
+    let mut answers = client
+        .session(tokio_stream::iter(vec![hello]))
+        .await
+        .unwrap()
+        .into_inner();
+    match answers.message().await.unwrap().and_then(|m| m.m) {
+        Some(tokenrouter_wire::pb::remote_msg::M::Refuse(r)) => {
+            assert!(
+                r.reason.contains("999") && r.reason.contains('1'),
+                "{}",
+                r.reason
+            );
+            assert_eq!(r.protocol_version, tokenrouter_wire::PROTOCOL_VERSION);
+        }
+        other => panic!("expected Refuse, got {other:?}"),
+    }
+    let front = start(front_config(&file, &remote.peer, &[])).await.unwrap();
+    front.generate("still up", params(false, 0)).await.unwrap();
+    front.shutdown();
+    drop(remote);
+
+    // (d) The sub-server runs another method for the model: the front end says what differs.
+    let other = Remote::start(
+        &file,
+        "tcp://127.0.0.1:0",
+        &["--set", "model.reference.scheduler_class=slm_only"],
+    );
+    let err = start(front_config(&file, &other.peer, &[]))
+        .await
+        .err()
+        .expect("a mismatched config is refused");
+    assert!(
+        err.contains("scheduler_class") && err.contains("random_llm") && err.contains("slm_only"),
+        "{err}"
+    );
+}
