@@ -181,6 +181,12 @@ async fn http_get(url: String) -> (u16, String) {
     }
 }
 
+/// (concurrent, seeded sampling): greedy at c = 1 and c = 8, seeded sampling at c = 1.
+/// Seeded sampling at c = 8 is left out: in one process it already varies from run to run
+/// (1 to 5 of 40 outputs differed over five repeats; batch composition changes the logits in the last bits,
+/// which can move a sampled token across a boundary), so it has nothing exact to match.
+const CASES: [(bool, bool); 3] = [(false, false), (true, false), (false, true)];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_matches_in_process_at_c1_and_c8() {
     let dir = tempfile::tempdir().unwrap();
@@ -189,17 +195,14 @@ async fn remote_matches_in_process_at_c1_and_c8() {
         .await
         .unwrap();
     let mut want = Vec::new();
-    for (concurrent, seeded) in [(false, false), (true, false), (false, true), (true, true)] {
+    for (concurrent, seeded) in CASES {
         want.push(outputs(&local, concurrent, seeded).await);
     }
     local.shutdown();
 
     let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
     let front = start(front_config(&file, &remote.peer, &[])).await.unwrap();
-    for (k, (concurrent, seeded)) in [(false, false), (true, false), (false, true), (true, true)]
-        .into_iter()
-        .enumerate()
-    {
+    for (k, (concurrent, seeded)) in CASES.into_iter().enumerate() {
         let got = outputs(&front, concurrent, seeded).await;
         for (i, (g, w)) in got.iter().zip(&want[k]).enumerate() {
             assert_eq!(
@@ -460,4 +463,97 @@ async fn garbage_wrong_version_and_mismatched_peers_are_refused_clearly() {
         err.contains("scheduler_class") && err.contains("random_llm") && err.contains("slm_only"),
         "{err}"
     );
+}
+
+/// `handoff_bytes{kind="delta"}`'s (sum, count) in the front end's metrics.
+fn delta_bytes(e: &Engine) -> (f64, f64) {
+    let text = e.metrics_text();
+    let read = |suffix: &str| {
+        text.lines()
+            .find(|l| {
+                l.contains(&format!("handoff_bytes_{suffix}{{")) && l.contains("kind=\"delta\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (read("sum"), read("count"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_does_not_grow_with_the_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
+    let front = start(front_config(&file, &remote.peer, &[])).await.unwrap();
+    let mut means = Vec::new();
+    for len in [20usize, 2000] {
+        let before = delta_bytes(&front);
+        let prompt: Vec<u32> = (0..len as u32).map(|i| 10 + i % 200).collect();
+        let mut p = params(false, 1);
+        p.max_tokens = 48;
+        let mut s = front.submit(p.into_request(prompt)).unwrap();
+        while let Some(ev) = s.events.recv().await {
+            match ev {
+                GenerateEvent::Token(_) => {}
+                GenerateEvent::Finished { .. } => break,
+                GenerateEvent::Error(e) => panic!("{e}"),
+            }
+        }
+        let after = delta_bytes(&front);
+        let n = after.1 - before.1;
+        assert!(n > 3.0, "too few hand-offs after the first contact: {n}");
+        means.push((after.0 - before.0) / n);
+    }
+    println!(
+        "bytes per delta hand-off: 20-token prompt {:.1}, 2000-token prompt {:.1}",
+        means[0], means[1]
+    );
+    assert!(means[1] <= means[0] + 8.0, "{means:?}");
+    front.shutdown();
+}
+
+/// A front end whose models have another tokenizer is refused at the greeting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tokenizer_is_refused_at_hello() {
+    use tokenrouter_wire::pb;
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
+    let cfg = EngineConfig::from_file(&file).unwrap();
+    let addr: tokenrouter_wire::PeerAddress = remote.peer.parse().unwrap();
+    let mut client = tokenrouter_wire::connect(&addr, &Default::default())
+        .await
+        .unwrap();
+    let hello = pb::FrontMsg {
+        m: Some(pb::front_msg::M::Hello(pb::Hello {
+            protocol_version: tokenrouter_wire::PROTOCOL_VERSION,
+            front_instance: 1,
+            model_name: "reference".into(),
+            model_index: 1,
+            model_names: vec!["quick".into(), "reference".into()],
+            expect: Some(pb::Identity {
+                model_path: cfg.models[1].section.model_path.clone(),
+                scheduler_class: "random_llm".into(),
+                scheduler_kwargs: "null".into(),
+                delayed_batching_threshold: format!(
+                    "{:?}",
+                    cfg.models[1].section.delayed_batching_threshold
+                ),
+                random_weights: false,
+            }),
+            vocab_sha256: vec![0; 32],
+        })),
+    };
+    let mut answers = client
+        .session(tokio_stream::iter(vec![hello]))
+        .await
+        .unwrap()
+        .into_inner();
+    match answers.message().await.unwrap().and_then(|m| m.m) {
+        Some(pb::remote_msg::M::Refuse(r)) => {
+            assert!(r.reason.contains("tokenizer"), "{}", r.reason)
+        }
+        other => panic!("expected Refuse, got {other:?}"),
+    }
 }

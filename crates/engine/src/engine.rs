@@ -48,7 +48,7 @@ pub enum EngineError {
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Slot {
     Local(SubServer),
-    Remote(Box<crate::remote::proxy::Connected>),
+    Remote(Box<crate::remote::dial::Connected>),
 }
 
 /// Where the inter-model loop delivers a model's messages.

@@ -22,6 +22,17 @@ pub struct EngineMetrics {
     pub active: IntGauge,
     pub slow_steps: IntCounterVec,
     pub failed_rows: IntCounterVec,
+    pub handoff_transport: HistogramVec,
+    pub handoff_bytes: HistogramVec,
+    pub remote_reconnects: IntCounterVec,
+    pub remote_resends: IntCounterVec,
+}
+
+/// Loopback hops take tens of microseconds: finer buckets than the step latencies'.
+fn buckets_transport() -> Vec<f64> {
+    vec![
+        1e-5, 2e-5, 5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 0.1, 1.0,
+    ]
 }
 
 fn buckets_seconds() -> Vec<f64> {
@@ -39,6 +50,8 @@ impl EngineMetrics {
         self.tokens.reset();
         self.switches.reset();
         self.handoff_latency.reset();
+        self.handoff_transport.reset();
+        self.handoff_bytes.reset();
     }
 
     pub fn new() -> prometheus::Result<Self> {
@@ -74,7 +87,8 @@ impl EngineMetrics {
         let handoff_latency = HistogramVec::new(
             HistogramOpts::new(
                 m("handoff_latency_seconds"),
-                "From a routing decision to the receiver's step that includes the request",
+                "From a routing decision to the receiver's step that includes the request (for a \
+                 hand-off between processes: from its arrival, the queueing part)",
             )
             .buckets(buckets_seconds()),
             &["model"],
@@ -120,6 +134,42 @@ impl EngineMetrics {
             ),
             &["model"],
         )?;
+        let handoff_transport = HistogramVec::new(
+            HistogramOpts::new(
+                m("handoff_transport_seconds"),
+                "From sending a hand-off to another process to its arrival there (observed by \
+                 the receiving process; `model` is the receiver)",
+            )
+            .buckets(buckets_transport()),
+            &["model"],
+        )?;
+        let handoff_bytes = HistogramVec::new(
+            HistogramOpts::new(
+                m("handoff_bytes"),
+                "Encoded size of a hand-off to a remote sub-server (`first`: the first contact \
+                 with the whole request; `delta`: later ones)",
+            )
+            .buckets(prometheus::exponential_buckets(16.0, 4.0, 10)?),
+            &["model", "kind"],
+        )?;
+        let remote_reconnects = IntCounterVec::new(
+            Opts::new(
+                m("remote_reconnects_total"),
+                "Times the connection to a remote sub-server was re-established",
+            ),
+            &["model"],
+        )?;
+        let remote_resends = IntCounterVec::new(
+            Opts::new(
+                m("remote_first_contact_resends_total"),
+                "Requests re-sent in full because the remote had no copy of them",
+            ),
+            &["model"],
+        )?;
+        registry.register(Box::new(handoff_transport.clone()))?;
+        registry.register(Box::new(handoff_bytes.clone()))?;
+        registry.register(Box::new(remote_reconnects.clone()))?;
+        registry.register(Box::new(remote_resends.clone()))?;
         registry.register(Box::new(step_latency.clone()))?;
         registry.register(Box::new(batch_size.clone()))?;
         registry.register(Box::new(tokens.clone()))?;
@@ -148,6 +198,10 @@ impl EngineMetrics {
             active,
             slow_steps,
             failed_rows,
+            handoff_transport,
+            handoff_bytes,
+            remote_reconnects,
+            remote_resends,
         })
     }
 

@@ -199,7 +199,9 @@ impl SubServer {
                     && self.shared.held[m].load(Ordering::SeqCst) > 0
                     && !self.shared.delaying[m].load(Ordering::SeqCst)
             });
-            elsewhere || self.shared.in_transit.load(Ordering::SeqCst) > 0
+            elsewhere
+                || self.shared.in_transit.load(Ordering::SeqCst) > 0
+                || self.shared.peer_in_transit.load(Ordering::SeqCst) > 0
         };
         self.shared.delaying[self.idx].store(wait, Ordering::SeqCst);
         wait

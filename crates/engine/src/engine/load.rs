@@ -242,7 +242,7 @@ pub(super) fn load(
         let fingerprint = crate::remote::vocab_fingerprint(entry_text);
         for (idx, m) in models.iter().enumerate() {
             if let Some(addr) = &m.address {
-                let r = crate::remote::proxy::connect_remote(rt, config, idx, addr, &fingerprint)?;
+                let r = crate::remote::dial::connect_remote(rt, config, idx, addr, &fingerprint)?;
                 context_limit = context_limit.min(r.session.welcome.context_length as usize);
                 sample_limit = sample_limit
                     .min(r.session.welcome.real_vocab_len as usize)

@@ -5,25 +5,21 @@
 //! delta. Events and hand-backs leave through one queue, so a request's tokens always
 //! precede its hand-back.
 
-use super::convert::{apply_handoff, mirror_from_first, reason_to_pb, token_to_pb};
-use super::saturating_dec;
 use crate::config::EngineConfig;
 use crate::engine::load::{build_subserver, load_one, new_shared, token_text};
 use crate::engine::{run_subserver, EngineError};
 use crate::metrics::EngineMetrics;
 use crate::policy::Registry;
-use crate::request::{EventSink, PeerOut, Req};
-use crate::subserver::{Inbound, Outbound, Shared};
+use crate::request::PeerOut;
+use crate::subserver::{Inbound, Shared};
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
-use tokenrouter_api::{GenerateEvent, ModelIndex};
+use std::time::Duration;
+use tokenrouter_api::ModelIndex;
 use tokenrouter_runtime::LoadedModel;
-use tokenrouter_wire::{
-    pb, rng_pos_bytes, unix_ns, Listener, PeerAddress, WireError, PROTOCOL_VERSION,
-};
+use tokenrouter_wire::{pb, Listener, PeerAddress, WireError, PROTOCOL_VERSION};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio_stream::StreamExt;
 
@@ -45,21 +41,21 @@ enum Stage {
     Failed(String),
 }
 
-struct HostState {
-    idx: ModelIndex,
-    name: String,
-    config: EngineConfig,
-    identity: pb::Identity,
-    welcome: pb::Welcome,
-    metrics: Arc<EngineMetrics>,
+pub(super) struct HostState {
+    pub(super) idx: ModelIndex,
+    pub(super) name: String,
+    pub(super) config: EngineConfig,
+    pub(super) identity: pb::Identity,
+    pub(super) welcome: pb::Welcome,
+    pub(super) metrics: Arc<EngineMetrics>,
     stage: Mutex<Stage>,
     /// The sub-server's single output queue (taken by the live session).
-    out_rx: tokio::sync::Mutex<UnboundedReceiver<PeerOut>>,
-    out_tx: UnboundedSender<PeerOut>,
+    pub(super) out_rx: tokio::sync::Mutex<UnboundedReceiver<PeerOut>>,
+    pub(super) out_tx: UnboundedSender<PeerOut>,
     /// The front end being served, if any.
-    front: Mutex<Option<u64>>,
+    pub(super) front: Mutex<Option<u64>>,
     /// Bumped to end the live session (its front end reconnected).
-    kick: tokio::sync::watch::Sender<u64>,
+    pub(super) kick: tokio::sync::watch::Sender<u64>,
 }
 
 /// A running `tokenrouter subserver`.
@@ -245,9 +241,9 @@ impl tokenrouter_wire::Peer for PeerService {
     }
 }
 
-type RemoteTx = UnboundedSender<pb::RemoteMsg>;
+pub(super) type RemoteTx = UnboundedSender<pb::RemoteMsg>;
 
-fn send(tx: &RemoteTx, m: pb::remote_msg::M) -> bool {
+pub(super) fn send(tx: &RemoteTx, m: pb::remote_msg::M) -> bool {
     tx.send(pb::RemoteMsg { m: Some(m) }).is_ok()
 }
 
@@ -473,7 +469,7 @@ async fn serve_configured(
     kick.mark_unchanged();
     let mut out_rx = state.out_rx.lock().await;
     send(tx, pb::remote_msg::M::Ready(pb::Ready { tunables }));
-    let mut s = HostSession {
+    let mut s = super::host_session::HostSession {
         state: state.clone(),
         inbox,
         shared,
@@ -499,210 +495,6 @@ async fn serve_configured(
     }
     s.end();
     Ok(())
-}
-
-/// The remote's copy of a request.
-enum Copy {
-    /// The sub-server holds it; the flag cancels it.
-    Here(Arc<AtomicBool>),
-    /// Handed back to the front end; kept to be patched by the next hand-off.
-    Away(Box<Req>),
-}
-
-struct HostSession {
-    state: Arc<HostState>,
-    inbox: mpsc::Sender<Inbound>,
-    shared: Arc<Shared>,
-    tx: RemoteTx,
-    copies: HashMap<u64, Copy>,
-    last_load: Option<pb::RemoteLoad>,
-}
-
-impl HostSession {
-    fn on_front(&mut self, m: pb::front_msg::M) {
-        use pb::front_msg::M;
-        match m {
-            M::Handoff(h) => self.on_handoff(h),
-            M::Free(f) => {
-                if let Some(Copy::Away(req)) = self.copies.remove(&f.rid) {
-                    self.forget(&req);
-                }
-                let _ = self.inbox.send(Inbound::Free(f.rid));
-            }
-            M::Abort(a) => {
-                if let Some(Copy::Here(flag)) = self.copies.get(&a.rid) {
-                    flag.store(true, Ordering::SeqCst);
-                }
-            }
-            M::Ping(p) => {
-                send(
-                    &self.tx,
-                    pb::remote_msg::M::Pong(pb::Pong {
-                        t0_ns: p.t0_ns,
-                        remote_ns: unix_ns(),
-                    }),
-                );
-            }
-            M::Load(_) | M::Hello(_) | M::Configure(_) => {}
-        }
-    }
-
-    /// The counters of a request this process will not see again.
-    fn forget(&self, req: &Req) {
-        saturating_dec(&self.shared.active, 1);
-        saturating_dec(&self.shared.queued_prompt_tokens, req.prompt.len());
-        self.shared.metrics.active.dec();
-    }
-
-    fn on_handoff(&mut self, h: pb::Handoff) {
-        let flag = Arc::new(AtomicBool::new(false));
-        let sink = || EventSink::Peer {
-            out: self.state.out_tx.clone(),
-            cancelled: flag.clone(),
-        };
-        let mut req = if h.anchor == 0 {
-            match self.copies.remove(&h.rid) {
-                Some(Copy::Away(old)) => self.forget(&old),
-                Some(Copy::Here(f)) => {
-                    self.copies.insert(h.rid, Copy::Here(f));
-                    return self.fail(h.rid, "a first contact for a request already here".into());
-                }
-                None => {}
-            }
-            // Whatever KV an earlier copy left must not be extended by this one.
-            let _ = self.inbox.send(Inbound::Free(h.rid));
-            match mirror_from_first(&h, sink()) {
-                Ok(r) => {
-                    self.shared.active.fetch_add(1, Ordering::SeqCst);
-                    self.shared
-                        .queued_prompt_tokens
-                        .fetch_add(r.prompt.len(), Ordering::SeqCst);
-                    self.shared.metrics.active.inc();
-                    Box::new(r)
-                }
-                Err(e) => return self.fail(h.rid, e),
-            }
-        } else {
-            match self.copies.remove(&h.rid) {
-                Some(Copy::Away(mut r)) => {
-                    if let Err(e) = apply_handoff(&mut r, &h) {
-                        self.forget(&r);
-                        return self.fail(h.rid, e);
-                    }
-                    r.set_sink(sink());
-                    r
-                }
-                other => {
-                    if let Some(c) = other {
-                        self.copies.insert(h.rid, c);
-                    }
-                    send(
-                        &self.tx,
-                        pb::remote_msg::M::Unknown(pb::Unknown {
-                            rid: h.rid,
-                            seq: h.seq,
-                        }),
-                    );
-                    return;
-                }
-            }
-        };
-        req.handed_off = h.from.map(|f| (f as ModelIndex, Instant::now()));
-        if req.handed_off.is_some() {
-            self.shared.in_transit.fetch_add(1, Ordering::SeqCst);
-        }
-        self.copies.insert(h.rid, Copy::Here(flag));
-        let _ = self.inbox.send(Inbound::Admit(req));
-    }
-
-    /// A hand-off this side cannot take: the request fails (and is done here).
-    fn fail(&self, rid: u64, message: String) {
-        tracing::warn!(rid, %message, "hand-off refused");
-        send(
-            &self.tx,
-            pb::remote_msg::M::Failed(pb::Failed {
-                rid,
-                message: format!("sub-server `{}`: {message}", self.state.name),
-            }),
-        );
-        send(&self.tx, pb::remote_msg::M::Done(pb::Done { rid }));
-    }
-
-    fn on_out(&mut self, o: PeerOut) {
-        use pb::remote_msg::M;
-        match o {
-            PeerOut::Event { rid, pos, event } => {
-                if !matches!(self.copies.get(&rid), Some(Copy::Here(_))) {
-                    return;
-                }
-                let m = match event {
-                    GenerateEvent::Token(t) => M::Token(token_to_pb(rid, pos, &t)),
-                    GenerateEvent::Finished { reason } => M::Finished(pb::Finished {
-                        rid,
-                        reason: reason_to_pb(reason) as i32,
-                    }),
-                    GenerateEvent::Error(message) => M::Failed(pb::Failed { rid, message }),
-                };
-                send(&self.tx, m);
-            }
-            PeerOut::Out(Outbound::Handoff { req, to }) => {
-                // The hand-off leaves this process: nobody here will take it off the count.
-                saturating_dec(&self.shared.in_transit, 1);
-                if !matches!(self.copies.get(&req.rid), Some(Copy::Here(_))) {
-                    let _ = self.inbox.send(Inbound::Free(req.rid));
-                    self.forget(&req);
-                    return;
-                }
-                send(
-                    &self.tx,
-                    M::HandBack(pb::HandBack {
-                        rid: req.rid,
-                        to: to as u32,
-                        output_len: req.output.len() as u32,
-                        rng_word_pos: rng_pos_bytes(req.sampler.rng_position()),
-                        sent_unix_ns: unix_ns(),
-                    }),
-                );
-                self.copies.insert(req.rid, Copy::Away(req));
-            }
-            PeerOut::Out(Outbound::Done { rid }) => {
-                if self.copies.remove(&rid).is_some() {
-                    send(&self.tx, M::Done(pb::Done { rid }));
-                }
-            }
-        }
-    }
-
-    fn send_load(&mut self) {
-        let idx = self.state.idx;
-        let m = &self.shared.metrics;
-        let load = pb::RemoteLoad {
-            held: self.shared.held[idx].load(Ordering::SeqCst) as u32,
-            delaying: self.shared.delaying[idx].load(Ordering::SeqCst),
-            kv_used_blocks: self.shared.kv_used[idx].load(Ordering::SeqCst) as u64,
-            down: self.shared.down_reason(idx),
-            running: m.running.with_label_values(&[&self.state.name]).get() as u32,
-            waiting: m.waiting.with_label_values(&[&self.state.name]).get() as u32,
-        };
-        if self.last_load.as_ref() != Some(&load) {
-            send(&self.tx, pb::remote_msg::M::Load(load.clone()));
-            self.last_load = Some(load);
-        }
-    }
-
-    /// The session ended: requests here are cancelled (the sub-server frees their KV),
-    /// copies away are freed.
-    fn end(&mut self) {
-        for (rid, c) in std::mem::take(&mut self.copies) {
-            match c {
-                Copy::Here(flag) => flag.store(true, Ordering::SeqCst),
-                Copy::Away(req) => {
-                    self.forget(&req);
-                    let _ = self.inbox.send(Inbound::Free(rid));
-                }
-            }
-        }
-    }
 }
 
 impl From<WireError> for EngineError {

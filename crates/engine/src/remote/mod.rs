@@ -10,7 +10,9 @@ use tokenrouter_runtime::TextModel;
 use tokenrouter_wire::pb;
 
 mod convert;
+pub(crate) mod dial;
 pub mod host;
+mod host_session;
 pub(crate) mod proxy;
 
 pub use host::{start_subserver, HostOptions, SubserverHost};

@@ -23,6 +23,8 @@ pub struct Shared {
     pub delaying: Vec<AtomicBool>,
     /// Hand-offs sent but not yet accepted by their receiver.
     pub in_transit: AtomicUsize,
+    /// In a remote sub-server: the front end's hand-offs in transit (it reports them).
+    pub peer_in_transit: AtomicUsize,
     /// KV blocks in use at each model (for metrics and leak checks).
     pub kv_used: Vec<AtomicUsize>,
     /// Smallest context length across models: a request must fit every model it may visit.
@@ -150,6 +152,7 @@ impl Shared {
             held: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             delaying: (0..n).map(|_| AtomicBool::new(false)).collect(),
             in_transit: AtomicUsize::new(0),
+            peer_in_transit: AtomicUsize::new(0),
             kv_used: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             context_limit,
             sample_limit,
