@@ -11,7 +11,8 @@
 #      — models, python3 with `openai` — fails instead);
 #   5. runs the web view's end-to-end test in headless Chromium (installs Debian's chromium);
 #   6. runs clippy on every target with warnings as errors;
-#   7. checks that the engine builds as a library without the download stack (`fetch` off);
+#   7. checks that the engine builds as a library without the download stack and the
+#      synthetic-model writers (`fetch`, `synth` off);
 #   8. installs the Python package as a user would (a fresh venv, `pip install ./python`:
 #      maturin builds the wheel from crates.io and PyPI only) and runs its pytest suite.
 # fmt, tests and clippy all run even when an earlier one fails; the summary names the failures.
@@ -80,9 +81,9 @@ if [ "${SKIP_CLIPPY:-0}" != 1 ]; then
   check "cargo clippy" cargo clippy --workspace --all-targets --release --keep-going -- -D warnings
 fi
 
-# The engine as a library without the download stack (`fetch` feature off): what the Python
-# binding and remote sub-servers build on.
-check "engine without the fetch feature" cargo check --release -p tokenrouter-engine --no-default-features
+# The engine as a library without the download stack and the synthetic-model writers
+# (`fetch` and `synth` off): what a library user builds on.
+check "engine without its default features" cargo check --release -p tokenrouter-engine --no-default-features
 
 # The Python package as a user installs it: a fresh venv, `pip install ./python` (reusing
 # this workspace's compiled crates through the shared target directory), then pytest on the

@@ -557,3 +557,75 @@ async fn another_tokenizer_is_refused_at_hello() {
         other => panic!("expected Refuse, got {other:?}"),
     }
 }
+
+/// A stopped sub-server (SIGSTOP: the connection stays open, nothing answers) is detected by
+/// the liveness timeout; once it runs again the front end reconnects (replacing its old
+/// session there) and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_remote_is_detected_by_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
+    let front = start(front_config(
+        &file,
+        &remote.peer,
+        &["system.remote={timeout_s: 1.5}"],
+    ))
+    .await
+    .unwrap();
+    let mut stream = submit_long(&front, 0, None);
+    for _ in 0..5 {
+        assert!(matches!(
+            stream.events.recv().await,
+            Some(GenerateEvent::Token(_))
+        ));
+    }
+    let pid = remote.child.id().to_string();
+    let signal = |s: &str| {
+        let ok = Command::new("kill")
+            .args([s, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {s}");
+    };
+    signal("-STOP");
+    let stopped = Instant::now();
+    let end = tokio::time::timeout(Duration::from_secs(4), async {
+        loop {
+            match stream.events.recv().await {
+                Some(GenerateEvent::Token(_)) => {}
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the request ends within the timeout");
+    assert!(
+        matches!(&end, Some(GenerateEvent::Error(e)) if e.contains("reference")),
+        "{end:?}"
+    );
+    println!("stopped remote detected after {:?}", stopped.elapsed());
+    signal("-CONT");
+    let start_wait = Instant::now();
+    while !front.unhealthy().is_empty() {
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            front.unhealthy()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let g = front
+        .generate("again", params(false, 2))
+        .await
+        .expect("served after SIGCONT");
+    assert!(g.sources.contains(&1));
+    tokio::task::spawn_blocking({
+        let f = front.clone();
+        move || wait_free(&f, Duration::from_secs(10))
+    })
+    .await
+    .unwrap();
+    front.shutdown();
+}

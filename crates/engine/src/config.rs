@@ -160,6 +160,10 @@ pub struct SystemSection {
     /// More names meaning the routed model; the research system's clients send `default`.
     #[serde(default = "default_model_aliases")]
     pub served_model_aliases: Vec<String>,
+    /// Sub-servers in several processes on one CPU host take turns through this file
+    /// (give every process the same path), as CPU models of one process do.
+    #[serde(default)]
+    pub cpu_turn_file: Option<PathBuf>,
     /// Connections to sub-servers in other processes (models with `address:`).
     #[serde(default)]
     pub remote: RemoteSettings,

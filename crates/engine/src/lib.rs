@@ -14,6 +14,7 @@ pub mod remote;
 pub mod request;
 pub mod routing_knob;
 pub mod subserver;
+#[cfg(feature = "synth")]
 pub mod synth_pair;
 pub mod tuner;
 pub mod turn;

@@ -18,7 +18,10 @@ mod load;
 pub mod model;
 pub mod runner;
 pub mod sampling;
+/// Synthetic test models written as HF directories or GGUF files (feature `synth`).
+#[cfg(feature = "synth")]
 pub mod synth;
+mod synth_vocab;
 mod text;
 mod weights;
 

@@ -1,34 +1,19 @@
 //! Tiny synthetic models (random weights, a small byte-level BPE vocabulary) written as a
 //! Hugging Face directory or a GGUF file, so tests of every layer can load real files
 //! without downloading anything. Weights come from a seeded RNG: same spec, same model.
+//! Behind the default feature `synth` (a library user can leave it out); the vocabulary
+//! itself is `synth_vocab.rs`, which random-weight models need in every build.
 
 use crate::config::Arch;
 use crate::error::{Result, RuntimeError};
+use crate::synth_vocab::{build_tokenizer, MERGES};
+pub use crate::synth_vocab::{token_table, CHATML_TEMPLATE, SPECIAL_TOKENS};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use tokenizers::models::bpe::BPE;
-use tokenizers::normalizers::unicode::NFC;
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
-
-const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-const MERGES: [(&str, &str); 6] = [
-    ("Ġ", "t"),
-    ("h", "e"),
-    ("Ġt", "he"),
-    ("i", "n"),
-    ("Ġ", "a"),
-    ("e", "r"),
-];
-pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 #[derive(Clone, Debug)]
 pub struct SynthSpec {
@@ -65,66 +50,6 @@ impl SynthSpec {
             scale: 0.15,
         }
     }
-}
-
-/// The vocabulary of the synthetic tokenizer in id order.
-pub fn token_table() -> Vec<String> {
-    let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
-    alphabet.sort_unstable();
-    let mut tokens: Vec<String> = alphabet.into_iter().map(String::from).collect();
-    for (a, b) in MERGES {
-        tokens.push(format!("{a}{b}"));
-    }
-    tokens.extend(SPECIAL_TOKENS.iter().map(|s| s.to_string()));
-    tokens
-}
-
-/// The synthetic tokenizer; `vocab` > the base table pads it with filler tokens
-/// (`<f123>`: never produced by encoding, but sampled and decoded like real ones) so a
-/// model of real shape samples from a vocabulary of real size.
-pub(crate) fn build_tokenizer(vocab: usize) -> Result<Tokenizer> {
-    let mut tokens = token_table();
-    let n_plain = tokens.len() - SPECIAL_TOKENS.len();
-    let fillers = vocab.saturating_sub(tokens.len());
-    tokens.splice(n_plain..n_plain, (0..fillers).map(|i| format!("<f{i}>")));
-    let n_plain = tokens.len() - SPECIAL_TOKENS.len();
-    let vocab: tokenizers::models::bpe::Vocab = tokens[..n_plain]
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
-    let merges = MERGES
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .build()
-        .map_err(|e| RuntimeError::Tokenizer(e.to_string()))?;
-    // The same pipeline as Qwen2's tokenizer.json (and candle's GGUF `qwen2` pre-tokenizer).
-    let split = Split::new(
-        SplitPattern::Regex(QWEN2_SPLIT.into()),
-        SplitDelimiterBehavior::Isolated,
-        false,
-    )
-    .map_err(|e| RuntimeError::Tokenizer(e.to_string()))?;
-    let pre = Sequence::new(vec![
-        split.into(),
-        ByteLevel::new(false, false, false).into(),
-    ]);
-    let mut tok = Tokenizer::new(bpe);
-    tok.with_normalizer(Some(NFC))
-        .map_err(|e| RuntimeError::Tokenizer(e.to_string()))?;
-    tok.with_pre_tokenizer(Some(pre));
-    tok.with_decoder(Some(ByteLevel::new(false, false, false)));
-    tok.with_post_processor(Some(ByteLevel::new(false, false, false)));
-    let specials: Vec<AddedToken> = SPECIAL_TOKENS
-        .iter()
-        .map(|s| AddedToken::from(*s, true))
-        .collect();
-    tok.add_special_tokens(specials)
-        .map_err(|e| RuntimeError::Tokenizer(e.to_string()))?;
-    Ok(tok)
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
@@ -243,20 +168,6 @@ pub fn write_hf_dir(spec: &SynthSpec, dir: &Path) -> Result<PathBuf> {
         &serde_json::json!({"eos_token_id": [eos_id(), endoftext_id()]}),
     )?;
     Ok(dir.to_path_buf())
-}
-
-fn special_id(name: &str) -> u32 {
-    token_table().iter().position(|t| t == name).unwrap_or(0) as u32
-}
-
-/// Id of `<|im_end|>` in the synthetic vocabulary.
-pub fn eos_id() -> u32 {
-    special_id("<|im_end|>")
-}
-
-/// Id of `<|endoftext|>` in the synthetic vocabulary.
-pub fn endoftext_id() -> u32 {
-    special_id("<|endoftext|>")
 }
 
 /// GGUF name of a Hugging Face tensor name.
@@ -383,4 +294,18 @@ pub fn write_gguf(spec: &SynthSpec, path: &Path, dtype: GgmlDType) -> Result<Pat
     let mut f = std::fs::File::create(path).map_err(io(path))?;
     gguf_file::write(&mut f, &md_refs, &t_refs)?;
     Ok(path.to_path_buf())
+}
+
+fn special_id(name: &str) -> u32 {
+    token_table().iter().position(|t| t == name).unwrap_or(0) as u32
+}
+
+/// Id of `<|im_end|>` in the synthetic vocabulary.
+pub fn eos_id() -> u32 {
+    special_id("<|im_end|>")
+}
+
+/// Id of `<|endoftext|>` in the synthetic vocabulary.
+pub fn endoftext_id() -> u32 {
+    special_id("<|endoftext|>")
 }

@@ -136,14 +136,14 @@ impl TextModel {
         Ok(Self::new(tokenizer, chat_template, bos, eos, eos_ids))
     }
 
-    /// The synthetic byte-level tokenizer with a ChatML template (see `synth.rs`), padded
+    /// The synthetic byte-level tokenizer with a ChatML template (see `synth_vocab.rs`), padded
     /// to `vocab` tokens, for models built from a shape alone (`random_weights`):
     /// benchmarks need text in and out and a vocabulary of real size, not meaningful words.
     pub fn synthetic(vocab: usize) -> Result<Self> {
-        let tokenizer = crate::synth::build_tokenizer(vocab)?;
+        let tokenizer = crate::synth_vocab::build_tokenizer(vocab)?;
         Ok(Self::new(
             tokenizer,
-            Some(crate::synth::CHATML_TEMPLATE.to_string()),
+            Some(crate::synth_vocab::CHATML_TEMPLATE.to_string()),
             None,
             Some("<|im_end|>".into()),
             Vec::new(),

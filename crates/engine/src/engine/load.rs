@@ -198,21 +198,30 @@ pub(crate) fn new_shared(
     context_limit: usize,
     sample_limit: usize,
     metrics: Arc<EngineMetrics>,
-) -> Arc<Shared> {
+) -> Result<Arc<Shared>, EngineError> {
     let names: Vec<String> = config.models.iter().map(|m| m.name.clone()).collect();
     let thresholds = config
         .models
         .iter()
         .map(|m| m.section.delayed_batching_threshold.clone())
         .collect();
-    Arc::new(Shared::new(
+    let mut shared = Shared::new(
         names,
         context_limit,
         sample_limit,
         thresholds,
         metrics,
         std::time::Duration::from_secs_f64(config.system.step_watchdog_s.clamp(0.001, 1e9)),
-    ))
+    );
+    if let Some(path) = &config.system.cpu_turn_file {
+        shared.cpu_turn = crate::turn::TurnLock::with_file(path).map_err(|e| {
+            EngineError::Start(format!(
+                "system.cpu_turn_file: cannot use {}: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    Ok(Arc::new(shared))
 }
 
 pub(super) fn load(
@@ -251,7 +260,7 @@ pub(super) fn load(
             }
         }
     }
-    let shared = new_shared(config, context_limit, sample_limit, metrics);
+    let shared = new_shared(config, context_limit, sample_limit, metrics)?;
     let token_text = token_text(entry_text, sample_limit);
     let mut tunables = Vec::new();
     let mut infos = Vec::new();

@@ -345,12 +345,18 @@ fn configure(state: &HostState, c: &pb::Configure) -> Result<Vec<pb::Tunable>, S
     else {
         return Err("unreachable".into());
     };
-    let shared = new_shared(
+    let shared = match new_shared(
         &state.config,
         c.context_limit as usize,
         c.sample_limit as usize,
         state.metrics.clone(),
-    );
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            *stage = Stage::Failed(e.to_string());
+            return Err(e.to_string());
+        }
+    };
     let text = token_text(&model.text, c.sample_limit as usize);
     let built = build_subserver(
         &state.config,
