@@ -8,13 +8,15 @@ sub-server, remote -> front by the front end) and the LLM share.
 
 Usage: python3 scripts/bench_remote.py [--concurrency 1 4 8] [--prompts 8] [--max-tokens 64]
        [--methods random rstitch] [--seed 1] [--out DIR] [--turn-file]
+       python3 scripts/bench_remote.py --config PAIR.yaml [--set KEY=VALUE ...] [--bin CMD]
+         (one method: that config with its overrides, e.g. the GPU pair of scripts/gpu_bench.sh)
 
 `--turn-file`: in the remote placement both processes take CPU turns through one file
 (`system.cpu_turn_file`), as two models in one process do (the in-process runs are the
 default configuration either way). The binary is $TOKENROUTER_BIN, else
 $CARGO_TARGET_DIR/release/tokenrouter (built first).
 """
-import argparse, json, os, re, signal, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, shlex, signal, subprocess, sys, tempfile, time, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
@@ -73,8 +75,8 @@ def quantile(buckets, q):
 def run(method, remote, conc, args, out):
     d = os.path.join(out, f"{method}_{'remote' if remote else 'local'}_c{conc}")
     os.makedirs(d, exist_ok=True)
-    cfg = os.path.join(ROOT, CONFIGS[method])
-    sets = []
+    cfg = args.config if method == "config" else os.path.join(ROOT, CONFIGS[method])
+    sets = [a for kv in args.set for a in ("--set", kv)]
     if args.turn_file and remote:
         sets += ["--set", f"system.cpu_turn_file={os.path.join(out, 'cpu.turn')}"]
     procs = []
@@ -82,21 +84,21 @@ def run(method, remote, conc, args, out):
         sub_http = None
         if remote:
             log = open(os.path.join(d, "subserver.log"), "w")
-            sub = subprocess.Popen([BIN, "subserver", "--config", cfg, "--model", "reference",
+            sub = subprocess.Popen(BIN + ["subserver", "--config", cfg, "--model", "reference",
                                     "--listen", f"tcp://127.0.0.1:{args.port + 1}", "--http",
                                     f"127.0.0.1:{args.port + 2}"] + sets,
                                    stdout=log, stderr=log)
             procs.append(sub)
             sub_http = f"http://127.0.0.1:{args.port + 2}"
-            wait_ready(sub_http + "/health")
+            wait_ready(sub_http + "/health", timeout=600)
             sets += ["--set", f"model.reference.address=tcp://127.0.0.1:{args.port + 1}"]
         log = open(os.path.join(d, "server.log"), "w")
-        srv = subprocess.Popen([BIN, "serve", "--config", cfg, "--port", str(args.port)] + sets,
+        srv = subprocess.Popen(BIN + ["serve", "--config", cfg, "--port", str(args.port)] + sets,
                                stdout=log, stderr=log)
         procs.insert(0, srv)
         base = f"http://127.0.0.1:{args.port}"
-        wait_ready(base + "/health")
-        cmd = [BIN, "bench", "--base-url", base, "--concurrency", str(conc),
+        wait_ready(base + "/health", timeout=600)
+        cmd = BIN + ["bench", "--base-url", base, "--concurrency", str(conc),
                "--num-prompts", str(max(args.prompts, conc)), "--max-tokens", str(args.max_tokens),
                "--ignore-eos", "--temperature", "0", "--seed", str(args.seed), "--dataset", "code",
                "--out-dir", d, "--no-progress", "--quiet"]
@@ -134,10 +136,19 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--port", type=int, default=30655)
     ap.add_argument("--turn-file", action="store_true")
+    ap.add_argument("--config", default=None, help="one pair config instead of --methods")
+    ap.add_argument("--set", action="append", default=[], help="config override for every process")
+    ap.add_argument("--bin", default=None, help="command that runs tokenrouter (default $TOKENROUTER_BIN)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    if not os.environ.get("TOKENROUTER_BIN"):
+    global BIN
+    if args.config:
+        args.methods = ["config"]
+    if args.bin:
+        BIN = args.bin
+    elif not os.environ.get("TOKENROUTER_BIN"):
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "tokenrouter"], cwd=ROOT, check=True)
+    BIN = shlex.split(BIN)
     out = args.out or tempfile.mkdtemp(prefix="bench_remote_")
     rows = []
     t0 = time.time()

@@ -10,7 +10,9 @@
 #      matmuls with folded-in norms/silu/residual adds vs the separate kernels, fused vs plain
 #      logits); "ablate": the 0.6B step with CUDA graphs / fused kernels / the per-group
 #      attention kernel / the folded skinny matmuls off, for comparison;
-#   5. end-to-end routing throughput (scripts/gpu_routing.py: serve + bench, random p = 0.35).
+#   5. end-to-end routing throughput (scripts/gpu_routing.py: serve + bench, random p = 0.35);
+#   6. "remote" (not in the default STEPS): the 32B served by `tokenrouter subserver` in a
+#      second process on the same GPU vs in-process (scripts/bench_remote.py).
 # Logs go to $OUT; a short table is printed last. STEPS picks sections (default all:
 # "check fused nomma ablate profile ours hf routing"; "nomma": steps with attention on CUDA
 # cores instead of tensor cores; "nopdl": steps without programmatic dependent launch; "matmul": the skinny matmuls of MATMUL_MODELS alone at 1-64
@@ -29,6 +31,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 STEPS=${STEPS:-check fused nomma ablate profile ours hf routing}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+if has remote; then
+echo "== 6. the 32B in a second process on the same GPU vs both in-process (scripts/bench_remote.py)"
+python3 scripts/bench_remote.py --bin "$RUN" --config config/random/Qwen3-0.6B_Qwen3-32B_random-weights.yaml \
+  --set model.reference.delayed_batching_threshold=1 --concurrency ${REMOTE_CONCURRENCY:-1 8 16} \
+  --prompts 16 --max-tokens ${REMOTE_MAX_TOKENS:-128} --out $OUT/remote 2>&1 | tee $OUT/remote.txt | tail -12
+fi
 
 if has check; then
 echo "== 1. correctness vs HF transformers"
