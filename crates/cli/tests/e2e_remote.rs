@@ -629,3 +629,111 @@ async fn a_stopped_remote_is_detected_by_the_timeout() {
     .unwrap();
     front.shutdown();
 }
+
+/// The next message that is not a load report or a pong.
+async fn next_remote(
+    a: &mut tonic::Streaming<tokenrouter_wire::pb::RemoteMsg>,
+) -> Option<tokenrouter_wire::pb::remote_msg::M> {
+    use tokenrouter_wire::pb::remote_msg::M as R;
+    loop {
+        match a.message().await.unwrap().and_then(|m| m.m) {
+            Some(R::Load(_)) | Some(R::Pong(_)) => continue,
+            other => return other,
+        }
+    }
+}
+
+/// A delta for a request the sub-server has no copy of is answered `Unknown` (never applied to
+/// KV it does not have); the same request as a first contact is then served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_for_an_unknown_request_is_answered_unknown() {
+    use tokenrouter_wire::pb;
+    use tokenrouter_wire::pb::front_msg::M as F;
+    use tokenrouter_wire::pb::remote_msg::M as R;
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
+    let cfg = EngineConfig::from_file(&file).unwrap();
+    let small = tokenrouter_runtime::TextModel::from_hf_dir(&dir.path().join("small")).unwrap();
+    let reference = &cfg.models[1].section;
+    let addr: tokenrouter_wire::PeerAddress = remote.peer.parse().unwrap();
+    let mut client = tokenrouter_wire::connect(&addr, &Default::default())
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let send = |m: F| tx.send(pb::FrontMsg { m: Some(m) }).unwrap();
+    send(F::Hello(pb::Hello {
+        protocol_version: tokenrouter_wire::PROTOCOL_VERSION,
+        front_instance: 7,
+        model_name: "reference".into(),
+        model_index: 1,
+        model_names: vec!["quick".into(), "reference".into()],
+        expect: Some(pb::Identity {
+            model_path: reference.model_path.clone(),
+            scheduler_class: "random_llm".into(),
+            scheduler_kwargs: "null".into(),
+            delayed_batching_threshold: format!("{:?}", reference.delayed_batching_threshold),
+            random_weights: false,
+        }),
+        vocab_sha256: tokenrouter_engine::remote::vocab_fingerprint(&small),
+    }));
+    let mut answers = client
+        .session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let welcome = next_remote(&mut answers).await;
+    assert!(matches!(welcome, Some(R::Welcome(_))), "{welcome:?}");
+    send(F::Configure(pb::Configure {
+        sample_limit: small.real_vocab_len() as u32,
+        context_limit: 4096,
+    }));
+    assert!(matches!(next_remote(&mut answers).await, Some(R::Ready(_))));
+    let prompt: Vec<u32> = vec![10, 11, 12, 13, 14];
+    let pos = tokenrouter_wire::rng_pos_bytes(0);
+    // A delta (anchor > 0) for request 99, which this sub-server never saw.
+    send(F::Handoff(pb::Handoff {
+        rid: 99,
+        seq: 1,
+        from: Some(0),
+        anchor: 5,
+        tokens: vec![15],
+        sources: vec![0],
+        rng_word_pos: pos.clone(),
+        ..Default::default()
+    }));
+    match next_remote(&mut answers).await {
+        Some(R::Unknown(u)) => assert_eq!((u.rid, u.seq), (99, 1)),
+        other => panic!("expected Unknown, got {other:?}"),
+    }
+    // The same request in full: served (one token, then handed back to `quick`).
+    send(F::Handoff(pb::Handoff {
+        rid: 99,
+        seq: 2,
+        from: Some(0),
+        anchor: 0,
+        tokens: prompt.iter().copied().chain([15]).collect(),
+        sources: vec![0],
+        rng_word_pos: pos,
+        first: Some(pb::FirstContact {
+            prompt_len: prompt.len() as u32,
+            sampling: Some(pb::Sampling {
+                top_p: 1.0,
+                repetition_penalty: 1.0,
+                ..Default::default()
+            }),
+            seed: 1,
+            max_tokens: 16,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }));
+    match next_remote(&mut answers).await {
+        Some(R::Token(t)) => assert_eq!((t.rid, t.pos, t.source), (99, 1, 1)),
+        other => panic!("expected a token, got {other:?}"),
+    }
+    match next_remote(&mut answers).await {
+        Some(R::HandBack(h)) => assert_eq!((h.rid, h.to, h.output_len), (99, 0, 2)),
+        other => panic!("expected the hand-back, got {other:?}"),
+    }
+}

@@ -104,7 +104,7 @@ fn canonical(v: &serde_yaml::Value) -> String {
 }
 
 /// A sha256 over the token table (what the in-process tokenizer check compares).
-pub(crate) fn vocab_fingerprint(text: &TextModel) -> Vec<u8> {
+pub fn vocab_fingerprint(text: &TextModel) -> Vec<u8> {
     let mut h = Sha256::new();
     let n = text.real_vocab_len();
     h.update((n as u64).to_le_bytes());
