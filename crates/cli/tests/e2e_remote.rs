@@ -141,6 +141,31 @@ async fn outputs(e: &Engine, concurrent: bool, seeded: bool) -> Vec<(Vec<u32>, V
     out
 }
 
+/// Wait until the front end is healthy again, then check a routed request uses the remote.
+async fn back_in_service(front: &Engine, prompt: &str) {
+    let start = Instant::now();
+    while !front.unhealthy().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            front.unhealthy()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let g = front
+        .generate(prompt, params(false, 2))
+        .await
+        .expect("served after the sub-server is back");
+    assert!(g.sources.contains(&1));
+}
+
+async fn wait_free_async(front: &Engine) {
+    let f = front.clone();
+    tokio::task::spawn_blocking(move || wait_free(&f, Duration::from_secs(10)))
+        .await
+        .unwrap();
+}
+
 /// A 3000-token request for prompt `i`, running until the test ends it.
 fn submit_long(e: &Engine, i: usize, pinned: Option<usize>) -> tokenrouter_api::GenerateStream {
     let mut p = params(false, i);
@@ -264,12 +289,7 @@ async fn abort_frees_kv_on_both_processes() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         drop(streams);
-        tokio::task::spawn_blocking({
-            let f = front.clone();
-            move || wait_free(&f, Duration::from_secs(10))
-        })
-        .await
-        .unwrap();
+        wait_free_async(&front).await;
         // The remote's own numbers, not only what the front mirrors.
         let start = Instant::now();
         loop {
@@ -354,27 +374,9 @@ async fn killing_the_remote_then_restarting_it() {
     assert_eq!(g.token_ids.len(), 32);
     // Back on the same port: healthy again, new requests succeed, KV free.
     let _remote = Remote::start(&file, &addr, &[]);
-    let start = Instant::now();
-    while !front.unhealthy().is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            front.unhealthy()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let g = front
-        .generate("hi", params(false, 0))
-        .await
-        .expect("routed again");
-    assert!(g.sources.contains(&1));
+    back_in_service(&front, "hi").await;
     assert_eq!(front.remote_stats().reconnects.load(Ordering::SeqCst), 1);
-    tokio::task::spawn_blocking({
-        let f = front.clone();
-        move || wait_free(&f, Duration::from_secs(10))
-    })
-    .await
-    .unwrap();
+    wait_free_async(&front).await;
     front.shutdown();
 }
 
@@ -607,26 +609,8 @@ async fn a_stopped_remote_is_detected_by_the_timeout() {
     );
     println!("stopped remote detected after {:?}", stopped.elapsed());
     signal("-CONT");
-    let start_wait = Instant::now();
-    while !front.unhealthy().is_empty() {
-        assert!(
-            start_wait.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            front.unhealthy()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let g = front
-        .generate("again", params(false, 2))
-        .await
-        .expect("served after SIGCONT");
-    assert!(g.sources.contains(&1));
-    tokio::task::spawn_blocking({
-        let f = front.clone();
-        move || wait_free(&f, Duration::from_secs(10))
-    })
-    .await
-    .unwrap();
+    back_in_service(&front, "again").await;
+    wait_free_async(&front).await;
     front.shutdown();
 }
 

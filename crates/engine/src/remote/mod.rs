@@ -40,38 +40,24 @@ pub(crate) fn identity(m: &NamedModel) -> pb::Identity {
 
 /// The differences between two identities, as `key: ours vs theirs` lines (empty: equal).
 pub(crate) fn identity_differences(front: &pb::Identity, remote: &pb::Identity) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cmp = |key: &str, a: String, b: String| {
-        if a != b {
-            out.push(format!("{key}: `{a}` (front end) vs `{b}` (sub-server)"));
-        }
+    let field = |i: &pb::Identity| {
+        [
+            ("model_path", i.model_path.clone()),
+            ("scheduler_class", i.scheduler_class.clone()),
+            ("scheduler_kwargs", i.scheduler_kwargs.clone()),
+            (
+                "delayed_batching_threshold",
+                i.delayed_batching_threshold.clone(),
+            ),
+            ("random_weights", i.random_weights.to_string()),
+        ]
     };
-    cmp(
-        "model_path",
-        front.model_path.clone(),
-        remote.model_path.clone(),
-    );
-    cmp(
-        "scheduler_class",
-        front.scheduler_class.clone(),
-        remote.scheduler_class.clone(),
-    );
-    cmp(
-        "scheduler_kwargs",
-        front.scheduler_kwargs.clone(),
-        remote.scheduler_kwargs.clone(),
-    );
-    cmp(
-        "delayed_batching_threshold",
-        front.delayed_batching_threshold.clone(),
-        remote.delayed_batching_threshold.clone(),
-    );
-    cmp(
-        "random_weights",
-        front.random_weights.to_string(),
-        remote.random_weights.to_string(),
-    );
-    out
+    field(front)
+        .into_iter()
+        .zip(field(remote))
+        .filter(|((_, a), (_, b))| a != b)
+        .map(|((key, a), (_, b))| format!("{key}: `{a}` (front end) vs `{b}` (sub-server)"))
+        .collect()
 }
 
 /// A YAML value as one line with mapping keys sorted at every level (so that two files
