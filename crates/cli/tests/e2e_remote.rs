@@ -159,6 +159,27 @@ async fn back_in_service(front: &Engine, prompt: &str) {
     assert!(g.sources.contains(&1));
 }
 
+/// The sub-server's own `/metrics` (not what the front end mirrors) show no KV in use.
+async fn remote_kv_is_zero(remote: &Remote) {
+    let start = Instant::now();
+    loop {
+        let (_, m) = http_get(format!("http://{}/metrics", remote.http)).await;
+        let line = m
+            .lines()
+            .find(|l| l.contains("kv_cache_usage_perc{"))
+            .unwrap_or_default()
+            .to_string();
+        if line.ends_with(" 0") {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "remote KV: {line}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn wait_free_async(front: &Engine) {
     let f = front.clone();
     tokio::task::spawn_blocking(move || wait_free(&f, Duration::from_secs(10)))
@@ -290,24 +311,7 @@ async fn abort_frees_kv_on_both_processes() {
         }
         drop(streams);
         wait_free_async(&front).await;
-        // The remote's own numbers, not only what the front mirrors.
-        let start = Instant::now();
-        loop {
-            let (_, m) = http_get(format!("http://{}/metrics", remote.http)).await;
-            let line = m
-                .lines()
-                .find(|l| l.contains("kv_cache_usage_perc{"))
-                .unwrap_or_default()
-                .to_string();
-            if line.ends_with(" 0") {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "remote KV: {line}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        remote_kv_is_zero(&remote).await;
     }
     front.shutdown();
 }
@@ -720,4 +724,72 @@ async fn a_delta_for_an_unknown_request_is_answered_unknown() {
         Some(R::HandBack(h)) => assert_eq!((h.rid, h.to, h.output_len), (99, 0, 2)),
         other => panic!("expected the hand-back, got {other:?}"),
     }
+}
+
+/// Over HTTP, as a client sees it: a streaming client that disconnects frees KV in both
+/// processes; after the sub-server is killed the front end's `/health` is 503 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_disconnect_frees_kv_and_health_names_the_dead_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    let mut remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
+    let front = start(front_config(
+        &file,
+        &remote.peer,
+        &["system.remote={timeout_s: 2}"],
+    ))
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let backend: std::sync::Arc<dyn Backend> = std::sync::Arc::new(front.clone());
+    let server = tokio::spawn(tokenrouter_server::serve(
+        listener,
+        backend,
+        tokenrouter_server::ServerConfig::default(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let body = serde_json::json!({"prompt": "def f(", "max_tokens": 3000, "stream": true,
+        "ignore_eos": true, "seed": 1});
+    let mut resp = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let shared = front.shared().unwrap();
+    let start_t = Instant::now();
+    while shared.kv_used[1].load(Ordering::SeqCst) == 0 {
+        assert!(
+            resp.chunk().await.unwrap().is_some(),
+            "the stream ended early"
+        );
+        assert!(
+            start_t.elapsed() < Duration::from_secs(10),
+            "the remote never holds KV"
+        );
+    }
+    drop(resp);
+    wait_free_async(&front).await;
+    remote_kv_is_zero(&remote).await;
+    remote.kill();
+    let start_t = Instant::now();
+    loop {
+        let (status, text) = http_get(format!("http://{addr}/health")).await;
+        if status == 503 && text.contains("reference") {
+            break;
+        }
+        assert!(
+            start_t.elapsed() < Duration::from_secs(5),
+            "{status} {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), server).await;
+    front.shutdown();
 }
