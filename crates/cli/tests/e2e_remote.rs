@@ -187,6 +187,23 @@ async fn wait_free_async(front: &Engine) {
         .unwrap();
 }
 
+/// The first event after the tokens (its end), which must come within `within`.
+async fn end_within(
+    s: &mut tokenrouter_api::GenerateStream,
+    within: Duration,
+) -> Option<GenerateEvent> {
+    tokio::time::timeout(within, async {
+        loop {
+            match s.events.recv().await {
+                Some(GenerateEvent::Token(_)) => {}
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the request ends within the timeout")
+}
+
 /// A 3000-token request for prompt `i`, running until the test ends it.
 fn submit_long(e: &Engine, i: usize, pinned: Option<usize>) -> tokenrouter_api::GenerateStream {
     let mut p = params(false, i);
@@ -345,16 +362,7 @@ async fn killing_the_remote_then_restarting_it() {
     remote.kill();
     let killed = Instant::now();
     for s in &mut streams {
-        let end = tokio::time::timeout(Duration::from_secs(3), async {
-            loop {
-                match s.events.recv().await {
-                    Some(GenerateEvent::Token(_)) => {}
-                    other => return other,
-                }
-            }
-        })
-        .await
-        .expect("every in-flight request ends within the timeout");
+        let end = end_within(s, Duration::from_secs(3)).await;
         match end {
             Some(GenerateEvent::Error(e)) => assert!(e.contains("reference"), "{e}"),
             other => panic!("expected an error, got {other:?}"),
@@ -597,16 +605,7 @@ async fn a_stopped_remote_is_detected_by_the_timeout() {
     };
     signal("-STOP");
     let stopped = Instant::now();
-    let end = tokio::time::timeout(Duration::from_secs(4), async {
-        loop {
-            match stream.events.recv().await {
-                Some(GenerateEvent::Token(_)) => {}
-                other => return other,
-            }
-        }
-    })
-    .await
-    .expect("the request ends within the timeout");
+    let end = end_within(&mut stream, Duration::from_secs(4)).await;
     assert!(
         matches!(&end, Some(GenerateEvent::Error(e)) if e.contains("reference")),
         "{end:?}"
