@@ -172,20 +172,17 @@ impl Engine {
     ) -> PyResult<Vec<Stream>> {
         let params = Params::from_json(params_json).map_err(PyValueError::new_err)?;
         let pinned = self.pinned(model)?;
-        let context = self.context_limit();
         let requests: Vec<_> = prompts
             .into_iter()
-            .map(|p| params.request(p, pinned, context))
+            .map(|p| params.request(p, pinned))
             .collect();
-        let sizes: Vec<(usize, usize)> = requests
-            .iter()
-            .map(|r| (r.prompt_ids.len(), r.max_tokens))
-            .collect();
+        let prompt_sizes: Vec<usize> = requests.iter().map(|r| r.prompt_ids.len()).collect();
         let streams = self.engine.submit_all(requests).map_err(submit_error)?;
         Ok(streams
             .into_iter()
-            .zip(sizes)
-            .map(|(events, (prompt_tokens, max_new_tokens))| {
+            .zip(prompt_sizes)
+            .map(|(events, prompt_tokens)| {
+                let max_new_tokens = events.max_tokens;
                 Stream::new(
                     events,
                     self.engine.clone(),

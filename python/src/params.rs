@@ -123,20 +123,13 @@ impl Params {
         })
     }
 
-    /// The engine request for one prompt; `context_length` bounds `max_new_tokens: null`.
-    pub fn request(
-        &self,
-        prompt_ids: Vec<u32>,
-        pinned_model: Option<usize>,
-        context_length: usize,
-    ) -> GenerateRequest {
-        let max_tokens = self
-            .max_new_tokens
-            .unwrap_or_else(|| context_length.saturating_sub(prompt_ids.len()));
+    /// The engine request for one prompt (`max_new_tokens: null` is left to the engine, which
+    /// fills the context).
+    pub fn request(&self, prompt_ids: Vec<u32>, pinned_model: Option<usize>) -> GenerateRequest {
         GenerateRequest {
             prompt_ids,
             sampling: self.sampling.clone(),
-            max_tokens,
+            max_tokens: self.max_new_tokens,
             stop_token_ids: self.stop_token_ids.clone(),
             ignore_eos: self.ignore_eos,
             pinned_model,

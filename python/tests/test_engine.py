@@ -75,6 +75,16 @@ def test_input_ids_single_and_list(engine):
     assert isinstance(two, list) and len(two) == 2
 
 
+def test_max_new_tokens_none_runs_to_the_context(engine):
+    ids = engine.tokenize("hello world") * 4
+    ids = (ids * (engine.context_length // len(ids) + 1))[: engine.context_length - 5]
+    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": None,
+                                                          "temperature": 0, "ignore_eos": True})
+    check_result(out, 5)
+    with pytest.raises(ValueError, match="maximum context length"):
+        engine.generate(input_ids=ids + ids[:5], sampling_params={"max_new_tokens": None})
+
+
 def test_per_prompt_sampling_params(engine):
     outs = engine.generate(["a", "b"], [{"max_new_tokens": 3, "ignore_eos": True},
                                          {"max_new_tokens": 5, "ignore_eos": True}])

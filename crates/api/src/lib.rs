@@ -176,8 +176,9 @@ impl From<InvalidParam> for SubmitError {
 pub struct GenerateRequest {
     pub prompt_ids: Vec<u32>,
     pub sampling: SamplingParams,
-    /// Maximum number of generated tokens.
-    pub max_tokens: usize,
+    /// Maximum number of generated tokens; `None` = up to the context length (see
+    /// [`GenerateRequest::output_bound`], which every backend applies the same way).
+    pub max_tokens: Option<usize>,
     /// Extra stop token ids (the model's EOS ids are always stop tokens unless ignore_eos).
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
@@ -190,6 +191,31 @@ pub struct GenerateRequest {
     /// the engine against what the serving policies accept.
     #[serde(default)]
     pub routing: RoutingOverrides,
+}
+
+impl GenerateRequest {
+    /// The output bound this request gets on a model with `context_length` tokens: its
+    /// `max_tokens`, or whatever room the prompt leaves. A bound of 0, or a prompt plus bound
+    /// beyond the context, is refused with the numbers the client needs to fix it.
+    pub fn output_bound(&self, context_length: usize) -> Result<usize, SubmitError> {
+        let prompt_tokens = self.prompt_ids.len();
+        if self.max_tokens == Some(0) {
+            return Err(SubmitError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
+        let bound = self
+            .max_tokens
+            .unwrap_or_else(|| context_length.saturating_sub(prompt_tokens));
+        if bound == 0 || prompt_tokens.saturating_add(bound) > context_length {
+            return Err(SubmitError::ContextTooLong {
+                prompt_tokens,
+                max_tokens: bound,
+                context_length,
+            });
+        }
+        Ok(bound)
+    }
 }
 
 /// Our extension `"routing": {"threshold": 0.1}`: one request overrides numeric kwargs of
@@ -248,6 +274,8 @@ pub enum GenerateEvent {
 /// (the engine notices the closed channel within one step and frees all KV).
 pub struct GenerateStream {
     pub request_id: u64,
+    /// The output bound the backend applied ([`GenerateRequest::output_bound`]).
+    pub max_tokens: usize,
     pub events: mpsc::UnboundedReceiver<GenerateEvent>,
 }
 
@@ -342,6 +370,36 @@ pub trait Backend: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request(prompt_tokens: usize, max_tokens: Option<usize>) -> GenerateRequest {
+        GenerateRequest {
+            prompt_ids: vec![1; prompt_tokens],
+            sampling: SamplingParams::greedy(),
+            max_tokens,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            pinned_model: None,
+            top_logprobs: 0,
+            routing: RoutingOverrides::default(),
+        }
+    }
+
+    #[test]
+    fn default_max_tokens_fills_the_context_and_overflow_is_rejected() {
+        assert_eq!(request(30, None).output_bound(100), Ok(70));
+        assert_eq!(request(30, Some(10)).output_bound(100), Ok(10));
+        assert_eq!(request(30, Some(70)).output_bound(100), Ok(70));
+        let err = request(30, Some(80)).output_bound(100).unwrap_err();
+        assert!(
+            err.to_string().contains("100") && err.to_string().contains("80"),
+            "{err}"
+        );
+        assert!(matches!(
+            request(100, None).output_bound(100),
+            Err(SubmitError::ContextTooLong { .. })
+        ));
+        assert!(request(30, Some(0)).output_bound(100).is_err());
+    }
 
     #[test]
     fn validate_names_the_bad_field() {

@@ -510,7 +510,7 @@ impl GenerateParams {
         GenerateRequest {
             prompt_ids,
             sampling: self.sampling,
-            max_tokens: self.max_tokens,
+            max_tokens: Some(self.max_tokens),
             stop_token_ids: self.stop_token_ids,
             ignore_eos: self.ignore_eos,
             pinned_model: self.pinned_model,

@@ -51,7 +51,7 @@ pub(crate) fn warm_up(engine: &Engine, shared: &Shared) -> Result<(), EngineErro
                 seed: Some(0),
                 ..Default::default()
             },
-            max_tokens,
+            max_tokens: Some(max_tokens),
             stop_token_ids: Vec::new(),
             ignore_eos: true,
             pinned_model: pinned,

@@ -101,6 +101,49 @@ async fn out_of_vocabulary_ids_are_refused_and_neighbours_finish() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_resolves_an_absent_max_tokens_and_refuses_what_does_not_fit() {
+    let (_p, e) = engine_with("", "random_llm", "random_slm", "{p: 0.3, seed: 1}");
+    let context = e.shared().expect("running").context_limit;
+    let mut open = greedy_request(prompt(8, 1), 1);
+    open.max_tokens = None;
+    let stream = e.submit(open).expect("admitted");
+    assert_eq!(stream.max_tokens, context - 8, "fills the context");
+    drop(stream);
+    let mut too_long = greedy_request(prompt(8, 2), context - 7);
+    match e.submit(too_long.clone()) {
+        Err(SubmitError::ContextTooLong {
+            prompt_tokens,
+            max_tokens,
+            context_length,
+        }) => assert_eq!(
+            (prompt_tokens, max_tokens, context_length),
+            (8, context - 7, context)
+        ),
+        other => panic!(
+            "expected ContextTooLong, got {:?}",
+            other.map(|s| s.request_id)
+        ),
+    }
+    too_long.max_tokens = None;
+    too_long.prompt_ids = prompt(context, 3);
+    assert!(matches!(
+        e.submit(too_long),
+        Err(SubmitError::ContextTooLong { max_tokens: 0, .. })
+    ));
+    let mut zero = greedy_request(prompt(8, 4), 1);
+    zero.max_tokens = Some(0);
+    assert!(matches!(
+        e.submit(zero),
+        Err(SubmitError::InvalidRequest(_))
+    ));
+    let fits = e.submit(greedy_request(prompt(8, 5), 6)).expect("admitted");
+    assert_eq!(fits.max_tokens, 6);
+    assert_eq!(drain(fits).await, End::Finished(6));
+    assert_all_free(&e, Duration::from_secs(5));
+    e.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_is_all_or_nothing() {
     let (_p, e) = engine_with(
         "  max_queued_requests: 4\n",

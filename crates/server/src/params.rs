@@ -1,7 +1,7 @@
 //! Validation of the sampling fields shared by chat and completions, and their mapping onto
 //! the engine's [`GenerateRequest`]. Every rejection is a 400 naming the field in `param`.
 
-use tokenrouter_api::{GenerateRequest, RoutingOverrides, SamplingParams, SubmitError};
+use tokenrouter_api::{GenerateRequest, RoutingOverrides, SamplingParams};
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
@@ -85,19 +85,6 @@ impl GenerationPlan {
         if prompt_tokens == 0 {
             return Err(ApiError::invalid("prompt", "the prompt is empty"));
         }
-        let context_length = self.model.context_length;
-        let max_tokens = match self.max_tokens {
-            Some(m) => m,
-            None => context_length.saturating_sub(prompt_tokens),
-        };
-        if max_tokens == 0 || prompt_tokens.saturating_add(max_tokens) > context_length {
-            return Err(SubmitError::ContextTooLong {
-                prompt_tokens,
-                max_tokens: self.max_tokens.unwrap_or(max_tokens),
-                context_length,
-            }
-            .into());
-        }
         Ok((0..self.n)
             .map(|i| {
                 let mut sampling = self.sampling.clone();
@@ -105,7 +92,7 @@ impl GenerationPlan {
                 GenerateRequest {
                     prompt_ids: prompt_ids.to_vec(),
                     sampling,
-                    max_tokens,
+                    max_tokens: self.max_tokens,
                     stop_token_ids: self.stop_token_ids.clone(),
                     ignore_eos: self.ignore_eos,
                     pinned_model: self.model.pinned,
@@ -307,23 +294,18 @@ mod tests {
         assert_eq!(reqs[0].sampling.logit_bias, vec![(42, -100.0)]);
         assert_eq!(reqs[0].stop_token_ids, vec![9]);
         assert!(reqs[0].ignore_eos);
-        assert_eq!(reqs[0].max_tokens, 10);
+        assert_eq!(reqs[0].max_tokens, Some(10));
         assert_eq!(reqs[0].prompt_ids, vec![1, 2, 3]);
     }
 
     #[test]
-    fn default_max_tokens_fills_the_context_and_overflow_is_rejected() {
-        let reqs = plan("{}").unwrap().requests(&[1; 30]).unwrap();
-        assert_eq!(reqs[0].max_tokens, 70);
-        let err = plan(r#"{"max_tokens": 80}"#)
-            .unwrap()
-            .requests(&[1; 30])
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("100") && err.to_string().contains("80"),
-            "{err}"
+    fn an_absent_max_tokens_is_left_to_the_engine_and_an_empty_prompt_is_rejected() {
+        // The engine resolves the bound (`GenerateRequest::output_bound`) and checks the
+        // context; the plan passes the client's value through.
+        assert_eq!(
+            plan("{}").unwrap().requests(&[1; 30]).unwrap()[0].max_tokens,
+            None
         );
-        assert!(plan("{}").unwrap().requests(&[1; 100]).is_err());
         assert!(plan("{}").unwrap().requests(&[]).is_err());
     }
 

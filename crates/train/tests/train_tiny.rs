@@ -469,7 +469,7 @@ fn a_router_trained_on_the_tiny_pair_serves_through_r2r() {
                     temperature: 0.0,
                     ..Default::default()
                 },
-                max_tokens: 12,
+                max_tokens: Some(12),
                 stop_token_ids: vec![],
                 ignore_eos: true,
                 pinned_model: None,

@@ -203,9 +203,10 @@ impl Engine {
         let (Some(shared), Some(text)) = (self.inner.shared.get(), self.text()) else {
             return Err(SubmitError::NotReady("the models are still loading".into()));
         };
-        for request in &requests {
-            validate(request, shared)?;
-        }
+        let bounds = requests
+            .iter()
+            .map(|request| validate(request, shared))
+            .collect::<Result<Vec<_>, _>>()?;
         let n = requests.len();
         let limit = self.inner.config.system.max_queued_requests;
         if let Err(active) = shared
@@ -245,9 +246,9 @@ impl Engine {
         };
         let mut streams = Vec::with_capacity(n);
         let mut unsent_tokens = tokens;
-        for (i, request) in requests.into_iter().enumerate() {
+        for (i, (request, max_tokens)) in requests.into_iter().zip(bounds).enumerate() {
             let len = request.prompt_ids.len();
-            let (req, stream) = self.build_req(request, text.eos_ids());
+            let (req, stream) = self.build_req(request, max_tokens, text.eos_ids());
             self.inner.metrics.active.inc();
             if tx.send(ToExchange::Submit(Box::new(req))).is_err() {
                 // The loop is gone: this and the unsent ones were never admitted (the ones
@@ -266,7 +267,12 @@ impl Engine {
     }
 
     /// The engine-side request (sampling state, stop ids) and the client's stream.
-    fn build_req(&self, request: GenerateRequest, eos_ids: &[u32]) -> (Req, GenerateStream) {
+    fn build_req(
+        &self,
+        request: GenerateRequest,
+        max_tokens: usize,
+        eos_ids: &[u32],
+    ) -> (Req, GenerateStream) {
         let rid = self.inner.next_rid.fetch_add(1, Ordering::SeqCst);
         let s = &request.sampling;
         let seed = s.seed.unwrap_or_else(rand::random);
@@ -281,7 +287,7 @@ impl Engine {
             request.prompt_ids,
             sampler,
             seed,
-            request.max_tokens,
+            max_tokens,
             stop_ids,
             request.pinned_model,
             request.top_logprobs,
@@ -292,6 +298,7 @@ impl Engine {
             req,
             GenerateStream {
                 request_id: rid,
+                max_tokens,
                 events: erx,
             },
         )
@@ -300,7 +307,8 @@ impl Engine {
 
 /// Everything about one request that can be checked before admission, against the models
 /// that will serve it.
-fn validate(request: &GenerateRequest, shared: &Shared) -> Result<(), SubmitError> {
+/// Returns the request's output bound.
+fn validate(request: &GenerateRequest, shared: &Shared) -> Result<usize, SubmitError> {
     if request.prompt_ids.is_empty() {
         return Err(SubmitError::InvalidRequest("the prompt is empty".into()));
     }
@@ -329,18 +337,5 @@ fn validate(request: &GenerateRequest, shared: &Shared) -> Result<(), SubmitErro
     if let Some(tunables) = shared.tunables.get() {
         tunables.check(&request.routing)?;
     }
-    if request.max_tokens == 0 {
-        return Err(SubmitError::InvalidRequest(
-            "max_tokens must be at least 1".into(),
-        ));
-    }
-    let need = request.prompt_ids.len().saturating_add(request.max_tokens);
-    if need > shared.context_limit {
-        return Err(SubmitError::ContextTooLong {
-            prompt_tokens: request.prompt_ids.len(),
-            max_tokens: request.max_tokens,
-            context_length: shared.context_limit,
-        });
-    }
-    Ok(())
+    request.output_bound(shared.context_limit)
 }

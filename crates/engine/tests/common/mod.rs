@@ -79,7 +79,7 @@ pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
             seed: Some(1),
             ..Default::default()
         },
-        max_tokens,
+        max_tokens: Some(max_tokens),
         stop_token_ids: vec![],
         ignore_eos: true,
         pinned_model: None,

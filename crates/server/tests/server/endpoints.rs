@@ -188,7 +188,8 @@ async fn chat_fields_reach_the_engine_and_the_template() {
     assert_eq!(req.stop_token_ids, vec![33]);
     assert!(req.ignore_eos);
     assert_eq!(
-        req.max_tokens, 30,
+        req.max_tokens,
+        Some(30),
         "max_completion_tokens wins over max_tokens"
     );
     assert_eq!(req.pinned_model, None);

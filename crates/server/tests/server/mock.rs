@@ -224,13 +224,8 @@ impl Backend for MockBackend {
                 .min()
                 .unwrap_or(0),
         };
-        if request.prompt_ids.len() + request.max_tokens > context_length {
-            return Err(SubmitError::ContextTooLong {
-                prompt_tokens: request.prompt_ids.len(),
-                max_tokens: request.max_tokens,
-                context_length,
-            });
-        }
+        // The same bound the engine applies (an absent max_tokens fills the context).
+        let max_tokens = request.output_bound(context_length)?;
         let request_id = {
             let mut log = lock(&self.log);
             if let Some(limit) = self.cfg.max_running {
@@ -250,7 +245,7 @@ impl Backend for MockBackend {
         let script = self.script_for(&request).into_bytes();
         let (log, changed, cfg) = (self.log.clone(), self.changed.clone(), self.cfg.clone());
         tokio::spawn(async move {
-            let outcome = generate(&tx, &request, &script, &cfg).await;
+            let outcome = generate(&tx, &request, max_tokens, &script, &cfg).await;
             let mut log = lock(&log);
             log.running -= 1;
             match outcome {
@@ -262,6 +257,7 @@ impl Backend for MockBackend {
         });
         Ok(GenerateStream {
             request_id,
+            max_tokens,
             events: rx,
         })
     }
@@ -283,11 +279,12 @@ enum Outcome {
 async fn generate(
     tx: &mpsc::UnboundedSender<GenerateEvent>,
     request: &GenerateRequest,
+    max_tokens: usize,
     script: &[u8],
     cfg: &MockConfig,
 ) -> Outcome {
     let models = cfg.models.len();
-    for i in 0..request.max_tokens {
+    for i in 0..max_tokens {
         tokio::select! {
             biased;
             () = tx.closed() => return Outcome::Aborted,
