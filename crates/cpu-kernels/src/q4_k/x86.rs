@@ -105,9 +105,11 @@ pub(super) mod avx512 {
 }
 
 /// The 256-bit kernels: each 16-row tile as two halves of eight rows. `$dot(acc, w, y)` adds
-/// the dot products of each 4 unsigned bytes of `w` with the signed bytes of `y` to `acc`.
+/// the products of the unsigned bytes of `w` with the signed bytes of `y` to `acc`, in lanes
+/// that `$finish(acc)` turns into the i32 sum of each 4 bytes (one sub-block of 32 weights
+/// accumulates before it is finished: 8 products per lane).
 macro_rules! kernels256 {
-    ($module:ident, $features:literal, $dot:expr) => {
+    ($module:ident, $features:literal, $dot:expr, $finish:expr) => {
         pub(super) mod $module {
             use super::{Tile, MT, PREFETCH_TILES, Q8K_BSUMS, Q8K_BYTES, TILE_BYTES, TILE_N};
             use std::arch::x86_64::*;
@@ -129,6 +131,13 @@ macro_rules! kernels256 {
             unsafe fn dp(acc: __m256i, w: __m256i, y: __m256i) -> __m256i {
                 #[allow(clippy::redundant_closure_call)]
                 ($dot)(acc, w, y)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn finish(acc: __m256i) -> __m256i {
+                #[allow(clippy::redundant_closure_call)]
+                ($finish)(acc)
             }
 
             /// `tiles` (16 weight rows) against the `M` activation rows `acts`.
@@ -187,7 +196,7 @@ macro_rules! kernels256 {
                                     + std::ptr::read_unaligned(p.add(1)) as i32;
                                 iblk[i][h] = _mm256_add_epi32(
                                     iblk[i][h],
-                                    _mm256_mullo_epi32(isum[i][h], sc),
+                                    _mm256_mullo_epi32(finish(isum[i][h]), sc),
                                 );
                                 imin[i][h] = _mm256_add_epi32(
                                     imin[i][h],
@@ -240,11 +249,19 @@ macro_rules! kernels256 {
     };
 }
 
-// u4 x i8 pairs (<= 3840) stay inside maddubs' i16.
-kernels256!(avx2, "avx2,fma,f16c", |acc, w, y| _mm256_add_epi32(
-    acc,
-    _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), _mm256_set1_epi16(1))
-));
-kernels256!(avx_vnni, "avx2,fma,f16c,avxvnni", |acc, w, y| {
-    _mm256_dpbusd_avx_epi32(acc, w, y)
-});
+// AVX2 has no u8 x i8 -> i32 dot: maddubs gives i16 pairs (u4 x i8, |pair| <= 2 * 15 * 128 =
+// 3840, so it never saturates), and a sub-block's 8 of them add up in i16 (<= 30720 < 32767)
+// before one madd widens them: a quarter of the widening work of widening every product, the
+// same integers (so the same floats: the scalar-order tests still hold bit for bit).
+kernels256!(
+    avx2,
+    "avx2,fma,f16c",
+    |acc, w, y| _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, y)),
+    |acc| _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
+);
+kernels256!(
+    avx_vnni,
+    "avx2,fma,f16c,avxvnni",
+    |acc, w, y| { _mm256_dpbusd_avx_epi32(acc, w, y) },
+    |acc| acc
+);
