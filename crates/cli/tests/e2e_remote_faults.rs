@@ -100,10 +100,6 @@ async fn garbage_wrong_version_and_mismatched_peers_are_refused_clearly() {
         let _ = s.write_all(&[0xff; 4096]);
     }
     // (c) Another protocol version: refused, naming both.
-    let addr: tokenrouter_wire::PeerAddress = remote.peer.parse().unwrap();
-    let mut client = tokenrouter_wire::connect(&addr, &Default::default())
-        .await
-        .unwrap();
     let hello = tokenrouter_wire::pb::FrontMsg {
         m: Some(tokenrouter_wire::pb::front_msg::M::Hello(
             tokenrouter_wire::pb::Hello {
@@ -114,12 +110,7 @@ async fn garbage_wrong_version_and_mismatched_peers_are_refused_clearly() {
             },
         )),
     };
-    let mut answers = client
-        .session(tokio_stream::iter(vec![hello]))
-        .await
-        .unwrap()
-        .into_inner();
-    match answers.message().await.unwrap().and_then(|m| m.m) {
+    match first_answer(&remote.peer, hello).await {
         Some(tokenrouter_wire::pb::remote_msg::M::Refuse(r)) => {
             assert!(
                 r.reason.contains("999") && r.reason.contains('1'),
@@ -159,10 +150,6 @@ async fn another_tokenizer_is_refused_at_hello() {
     let file = tiny(dir.path(), 0.5);
     let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
     let cfg = EngineConfig::from_file(&file).unwrap();
-    let addr: tokenrouter_wire::PeerAddress = remote.peer.parse().unwrap();
-    let mut client = tokenrouter_wire::connect(&addr, &Default::default())
-        .await
-        .unwrap();
     let hello = pb::FrontMsg {
         m: Some(pb::front_msg::M::Hello(pb::Hello {
             protocol_version: tokenrouter_wire::PROTOCOL_VERSION,
@@ -183,12 +170,7 @@ async fn another_tokenizer_is_refused_at_hello() {
             vocab_sha256: vec![0; 32],
         })),
     };
-    let mut answers = client
-        .session(tokio_stream::iter(vec![hello]))
-        .await
-        .unwrap()
-        .into_inner();
-    match answers.message().await.unwrap().and_then(|m| m.m) {
+    match first_answer(&remote.peer, hello).await {
         Some(pb::remote_msg::M::Refuse(r)) => {
             assert!(r.reason.contains("tokenizer"), "{}", r.reason)
         }

@@ -243,3 +243,20 @@ pub async fn http_get(url: String) -> (u16, String) {
         Err(e) => (0, e.to_string()),
     }
 }
+
+/// Opens a session to the sub-server at `peer` with `hello` alone and returns its first answer.
+pub async fn first_answer(
+    peer: &str,
+    hello: tokenrouter_wire::pb::FrontMsg,
+) -> Option<tokenrouter_wire::pb::remote_msg::M> {
+    let addr: tokenrouter_wire::PeerAddress = peer.parse().unwrap();
+    let mut client = tokenrouter_wire::connect(&addr, &Default::default())
+        .await
+        .unwrap();
+    let mut answers = client
+        .session(tokio_stream::iter(vec![hello]))
+        .await
+        .unwrap()
+        .into_inner();
+    answers.message().await.unwrap().and_then(|m| m.m)
+}
