@@ -1,5 +1,5 @@
-//! Test inputs shared by the kernels' tests: deterministic values and quantized weights, and
-//! the relative difference they compare outputs by.
+//! Test inputs shared by the kernels' tests: deterministic values and quantized weights, the
+//! relative difference they compare outputs by, and the timing of the ignored speed tests.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Tensor};
@@ -30,4 +30,27 @@ pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0f32, |s, v| s.max(v.abs()));
     a.iter().zip(b).fold(0f32, |s, (x, y)| s.max((x - y).abs())) / scale
+}
+
+/// CPU time of the calling thread in ms (`/proc/thread-self/schedstat`), 0 if unknown.
+fn thread_cpu_ms() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |ns| ns / 1e6)
+}
+
+/// `f` run once to warm up, then `reps` times: the fastest wall time in ms (the machine may
+/// be shared) and the mean CPU time of this thread.
+pub fn time_ms<T>(reps: usize, f: &dyn Fn() -> T) -> (f64, f64) {
+    f();
+    let cpu = thread_cpu_ms();
+    let wall = (0..reps)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .fold(f64::INFINITY, f64::min);
+    (wall, (thread_cpu_ms() - cpu) / reps as f64)
 }

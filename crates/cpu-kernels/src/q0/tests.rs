@@ -1,7 +1,7 @@
 use super::*;
 use candle_core::{Device, Module};
 
-use crate::test_util::{quantized, rel_diff, values};
+use crate::test_util::{quantized, rel_diff, time_ms, values};
 
 fn q5_weight(n: usize, k: usize, seed: u64) -> QMatMul {
     quantized(n, k, seed, GgmlDType::Q5_0)
@@ -185,14 +185,6 @@ fn bad_sizes_are_errors() {
     assert!(matmul(Kernel::Scalar, f, &[0u8; 22], 1, 32, &[0f32; 32], &mut out).is_err());
 }
 
-/// CPU time of the calling thread in ms (`/proc/thread-self/schedstat`), 0 if unknown.
-fn thread_cpu_ms() -> f64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |ns| ns / 1e6)
-}
-
 /// `cargo test --release -p tokenrouter-runtime cpu_quant::q0::tests::speed -- --ignored --nocapture`
 /// (with `RAYON_NUM_THREADS=1` the CPU-time column is the kernel's cost on one core,
 /// whatever else runs on the machine).
@@ -204,19 +196,7 @@ fn speed() {
     for m in [1, 16, 128, 512] {
         let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
         let reps = (4096 / m).max(8);
-        // Fastest wall time of several runs (the machine may be shared), and mean
-        // CPU time of this thread.
-        let time = |f: &dyn Fn() -> Tensor| {
-            let cpu = thread_cpu_ms();
-            let wall = (0..reps)
-                .map(|_| {
-                    let t = std::time::Instant::now();
-                    f();
-                    t.elapsed().as_secs_f64() * 1e3
-                })
-                .fold(f64::INFINITY, f64::min);
-            (wall, (thread_cpu_ms() - cpu) / reps as f64)
-        };
+        let time = |f: &dyn Fn() -> Tensor| time_ms(reps, f);
         let (c, cc) = time(&|| w.forward(&x).unwrap());
         let mut line = format!("m={m:4} [{n}x{k}]: candle {c:.3} ms (cpu {cc:.3})");
         for kernel in kernels() {

@@ -1,7 +1,7 @@
 use super::*;
 use candle_core::{Device, Module};
 
-use crate::test_util::{quantized, rel_diff, values};
+use crate::test_util::{quantized, rel_diff, time_ms, values};
 
 fn q4k_weight(n: usize, k: usize, seed: u64) -> QMatMul {
     quantized(n, k, seed, GgmlDType::Q4K)
@@ -145,14 +145,6 @@ fn batched_input_and_fallbacks() {
     assert!(Q4kMatmul::with_kernel(&q4k_weight(24, 256, 3), Kernel::Scalar).is_none());
 }
 
-/// CPU time of the calling thread in ms (`/proc/thread-self/schedstat`), 0 if unknown.
-fn thread_cpu_ms() -> f64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |ns| ns / 1e6)
-}
-
 /// `cargo test --release -p tokenrouter-runtime cpu_quant::q4_k::tests::speed -- --ignored --nocapture`
 #[test]
 #[ignore]
@@ -162,18 +154,7 @@ fn speed() {
         for m in [1, 4, 64, 512] {
             let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
             let reps = (2048 / m).max(8);
-            let time = |f: &dyn Fn() -> Tensor| {
-                f();
-                let cpu = thread_cpu_ms();
-                let wall = (0..reps)
-                    .map(|_| {
-                        let t = std::time::Instant::now();
-                        f();
-                        t.elapsed().as_secs_f64() * 1e3
-                    })
-                    .fold(f64::INFINITY, f64::min);
-                (wall, (thread_cpu_ms() - cpu) / reps as f64)
-            };
+            let time = |f: &dyn Fn() -> Tensor| time_ms(reps, f);
             let (c, cc) = time(&|| w.forward(&x).unwrap());
             let mut line = format!("m={m:4} [{n}x{k}]: candle {c:.3} ms (cpu {cc:.3})");
             for kernel in kernels().into_iter().skip(1) {

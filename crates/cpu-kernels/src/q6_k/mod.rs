@@ -4,8 +4,8 @@
 //! one weight row at a time: in a decode profile of Qwen2.5-1.5B Q4_K_M (Q6_K output matrix
 //! and half of the `ffn_down` / `attn_v` matrices) that was half of the time. Ours reads eight
 //! weight rows side by side (512-bit integer steps, or candle's own 256-bit ones on AVX2-only
-//! CPUs) and prefetches the next eight, with the arithmetic of llama.cpp's AVX2
-//! `ggml_vec_dot_q6_K_q8_K` exactly: per row, eight i32 lanes (lane `l` sums positions
+//! CPUs; up to four activation rows share each unpacked weight block) and prefetches the next
+//! eight, with the arithmetic of llama.cpp's AVX2 `ggml_vec_dot_q6_K_q8_K` exactly: per row, eight i32 lanes (lane `l` sums positions
 //! `4l..4l + 4` of every 32-value chunk, scaled: `sc * q * y` with the stored `q = w + 32`,
 //! minus `32 * sc * bsum` of the 16-value groups `2l, 2l + 1`), then per block `acc =
 //! fma(d_x * d_w, lanes, acc)`, and the horizontal sum `((a4 + a0) + (a6 + a2)) + ((a5 +
@@ -217,33 +217,32 @@ fn matvec(
                 // Up to four consecutive activation rows of the same rounding at once.
                 let t = tiled[a];
                 let run = (a..m.min(a + 4)).take_while(|&i| tiled[i] == t).count();
-                let dots: Vec<[f32; ROWS]> = match kernel {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `matvec` checked that the CPU runs the kernel; it checks lengths.
-                    Kernel::Avx512Vnni => unsafe {
+                // Four, two or one rows through a SIMD kernel module's `dot`.
+                macro_rules! simd_rows {
+                    ($m:ident) => {
                         match (t, run) {
                             (false, 4) => {
-                                avx512::dot::<false, 4>(&ws, [q(a), q(a + 1), q(a + 2), q(a + 3)])
+                                $m::dot::<false, 4>(&ws, [q(a), q(a + 1), q(a + 2), q(a + 3)])
                                     .to_vec()
                             }
                             (true, 4) => {
-                                avx512::dot::<true, 4>(&ws, [q(a), q(a + 1), q(a + 2), q(a + 3)])
+                                $m::dot::<true, 4>(&ws, [q(a), q(a + 1), q(a + 2), q(a + 3)])
                                     .to_vec()
                             }
-                            (false, 2 | 3) => {
-                                avx512::dot::<false, 2>(&ws, [q(a), q(a + 1)]).to_vec()
-                            }
-                            (true, 2 | 3) => avx512::dot::<true, 2>(&ws, [q(a), q(a + 1)]).to_vec(),
-                            (false, _) => avx512::dot::<false, 1>(&ws, [q(a)]).to_vec(),
-                            (true, _) => avx512::dot::<true, 1>(&ws, [q(a)]).to_vec(),
+                            (false, 2 | 3) => $m::dot::<false, 2>(&ws, [q(a), q(a + 1)]).to_vec(),
+                            (true, 2 | 3) => $m::dot::<true, 2>(&ws, [q(a), q(a + 1)]).to_vec(),
+                            (false, _) => $m::dot::<false, 1>(&ws, [q(a)]).to_vec(),
+                            (true, _) => $m::dot::<true, 1>(&ws, [q(a)]).to_vec(),
                         }
-                    },
+                    };
+                }
+                let dots: Vec<[f32; ROWS]> = match kernel {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `matvec` checked that the CPU runs the kernel; it checks lengths.
+                    Kernel::Avx512Vnni => unsafe { simd_rows!(avx512) },
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: as above.
-                    Kernel::Avx2 if t => vec![unsafe { avx2::dot::<true>(&ws, q(a)) }],
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    Kernel::Avx2 => vec![unsafe { avx2::dot::<false>(&ws, q(a)) }],
+                    Kernel::Avx2 => unsafe { simd_rows!(avx2) },
                     Kernel::Scalar => vec![ws.map(|w| dot_scalar(w, q(a), t))],
                     #[cfg(not(target_arch = "x86_64"))]
                     Kernel::Avx2 | Kernel::Avx512Vnni => {

@@ -1,7 +1,7 @@
 use super::*;
 use candle_core::{Device, Module};
 
-use crate::test_util::{quantized, rel_diff, values};
+use crate::test_util::{quantized, rel_diff, time_ms, values};
 
 fn q6k_weight(n: usize, k: usize, seed: u64) -> QMatMul {
     quantized(n, k, seed, GgmlDType::Q6K)
@@ -103,5 +103,30 @@ fn extreme_values() {
         let got = got.forward(&x, None).unwrap();
         assert_eq!(got.dims(), &[1, 1, n]);
         assert!(flat(got) == scalar, "{kernel:?}");
+    }
+}
+
+/// `cargo test --release -p tokenrouter-cpu-kernels q6_k::tests::speed -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn speed() {
+    for (n, k) in [(1536, 8960), (151936, 896)] {
+        let w = q6k_weight(n, k, 1);
+        for m in [1, 4, 64, 512] {
+            if n * m > 1 << 24 {
+                continue;
+            }
+            let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
+            let reps = (2048 / m).max(4);
+            let time = |f: &dyn Fn() -> Tensor| time_ms(reps, f);
+            let (c, cc) = time(&|| w.forward(&x).unwrap());
+            let mut line = format!("m={m:4} [{n}x{k}]: candle {c:.3} ms (cpu {cc:.3})");
+            for kernel in kernels().into_iter().skip(1) {
+                let ours = Q6kMatmul::with_kernel(&w, kernel).unwrap();
+                let (o, oc) = time(&|| ours.forward(&x, Some(&[m])).unwrap());
+                line += &format!(", {kernel:?} {o:.3} (cpu {oc:.3})");
+            }
+            println!("{line}");
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! The x86 Q6_K kernels: 512-bit (AVX512-VNNI, several activation rows per unpacked weight
-//! block) and 256-bit (AVX2), each with llama.cpp's per-lane arithmetic (see `dot_scalar`).
+//! block) and 256-bit (AVX2), both with several activation rows per unpacked weight block and llama.cpp's per-lane arithmetic (see `dot_scalar`).
 
 pub(super) mod avx512 {
     use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BSUMS, Q8K_BYTES, ROWS};
@@ -117,20 +117,25 @@ pub(super) mod avx2 {
     use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BSUMS, Q8K_BYTES, ROWS};
     use std::arch::x86_64::*;
 
-    /// Eight weight rows against the Q8_K blocks `q`, with llama.cpp's AVX2 integer steps
-    /// (`maddubs` of the stored values, `madd` with the scales, minus `q8sclsub`).
+    /// Eight weight rows against the Q8_K blocks of `A` activation rows `qs`, with
+    /// llama.cpp's AVX2 integer steps (`maddubs` of the stored values, `madd` with the
+    /// scales, minus `q8sclsub`). Each 32-value chunk of a weight block is unpacked once for
+    /// all `A` rows (in a prefill the unpacking was as much work as the products); the
+    /// integer lanes are exact, so every row gets the floats it gets alone.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in crate::q6_k) unsafe fn dot<const TILED: bool>(
+    pub(in crate::q6_k) unsafe fn dot<const TILED: bool, const A: usize>(
         ws: &[&[u8]; ROWS],
-        q: &[u8],
-    ) -> [f32; ROWS] {
-        let kb = q.len() / Q8K_BYTES;
-        let mut tacc = [0f32; ROWS];
+        qs: [&[u8]; A],
+    ) -> [[f32; ROWS]; A] {
+        let kb = qs[0].len() / Q8K_BYTES;
+        let mut tacc = [[0f32; ROWS]; A];
         // Real checks: the loops read kb blocks of every row through raw pointers.
-        assert!(q.len() == kb * Q8K_BYTES);
+        for q in qs {
+            assert!(q.len() == kb * Q8K_BYTES);
+        }
         for w in ws {
             assert!(w.len() == kb * Q6K_BYTES);
         }
@@ -138,22 +143,17 @@ pub(super) mod avx2 {
         let ahead = wp[0].wrapping_add(ROWS * kb * Q6K_BYTES);
         let m4 = _mm256_set1_epi8(0x0f);
         let m30 = _mm256_set1_epi8(0x30);
-        let mut acc = [_mm256_setzero_ps(); ROWS];
+        let mut acc = [[_mm256_setzero_ps(); ROWS]; A];
         for b in 0..kb {
             let pre = ahead.wrapping_add(b * ROWS * Q6K_BYTES);
             for line in 0..(ROWS * Q6K_BYTES).div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T0>(pre.wrapping_add(64 * line) as *const i8);
             }
-            let y = q.as_ptr().add(b * Q8K_BYTES);
-            let dy = std::ptr::read_unaligned(y as *const f32);
-            // Chunk c: activations 32c..32c+32; and their 16-value sums.
-            let yv: [__m256i; 8] =
-                std::array::from_fn(|c| _mm256_loadu_si256(y.add(4 + 32 * c) as *const _));
-            let bsums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
-            for (r, acc) in acc.iter_mut().enumerate() {
+            let ys: [*const u8; A] = std::array::from_fn(|a| qs[a].as_ptr().add(b * Q8K_BYTES));
+            for r in 0..ROWS {
                 let blk = wp[r].add(b * Q6K_BYTES);
                 let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
-                let mut sumi = _mm256_setzero_si256();
+                let mut sumi = [_mm256_setzero_si256(); A];
                 for j in 0..2 {
                     let ql0 = _mm256_loadu_si256(blk.add(64 * j) as *const _);
                     let ql1 = _mm256_loadu_si256(blk.add(64 * j + 32) as *const _);
@@ -165,41 +165,55 @@ pub(super) mod avx2 {
                         (_mm256_srli_epi16(ql1, 4), _mm256_srli_epi16(qh, 2)),
                     ];
                     for (i, (lo, hi)) in vals.into_iter().enumerate() {
+                        // Chunk c: values 32c..32c+32, the 16-value halves taking scales
+                        // 2c and 2c + 1.
                         let c = 4 * j + i;
                         let v =
                             _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30));
-                        let p16 = _mm256_maddubs_epi16(v, yv[c]);
-                        // Values 16i.. of the chunk take scale 2c + i.
-                        let sc = _mm_shuffle_epi8(
+                        let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
                             scales,
                             _mm_add_epi8(
                                 _mm_set1_epi8(2 * c as i8),
                                 _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
                             ),
-                        );
-                        let p = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc), p16);
-                        sumi = _mm256_add_epi32(sumi, p);
+                        ));
+                        for a in 0..A {
+                            let y = _mm256_loadu_si256(ys[a].add(4 + 32 * c) as *const _);
+                            let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(v, y));
+                            sumi[a] = _mm256_add_epi32(sumi[a], p);
+                        }
                     }
                 }
                 let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(
                     blk.add(Q6K_D) as *const i16,
                 ))));
-                // The weights are stored plus 32 (llama.cpp's `q8sclsub`).
-                let sumi = _mm256_sub_epi32(
-                    sumi,
-                    _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(scales))),
-                );
-                if TILED {
-                    let s = super::super::hsum_i32(std::mem::transmute::<__m256i, [i32; 8]>(sumi));
-                    tacc[r] = (dw * s as f32).mul_add(dy, tacc[r]);
-                    continue;
+                let sc16 = _mm256_cvtepi8_epi16(scales);
+                for a in 0..A {
+                    let y = ys[a];
+                    // The weights are stored plus 32 (llama.cpp's `q8sclsub`).
+                    let bsums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
+                    let s8 = _mm256_sub_epi32(
+                        sumi[a],
+                        _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16)),
+                    );
+                    let dy = std::ptr::read_unaligned(y as *const f32);
+                    if TILED {
+                        let s =
+                            super::super::hsum_i32(std::mem::transmute::<__m256i, [i32; 8]>(s8));
+                        tacc[a][r] = (dw * s as f32).mul_add(dy, tacc[a][r]);
+                    } else {
+                        acc[a][r] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(dy * dw),
+                            _mm256_cvtepi32_ps(s8),
+                            acc[a][r],
+                        );
+                    }
                 }
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * dw), _mm256_cvtepi32_ps(sumi), *acc);
             }
         }
         if TILED {
             return tacc;
         }
-        acc.map(|a| super::super::hsum8(std::mem::transmute::<__m256, [f32; 8]>(a)))
+        acc.map(|row| row.map(|a| super::super::hsum8(std::mem::transmute::<__m256, [f32; 8]>(a))))
     }
 }
