@@ -1,13 +1,13 @@
 //! `tokenrouter bench-model`: the runtime's own speed on one model, printed as a table —
-//! prefill tok/s for a long prompt, single-stream greedy decode tok/s, and batched decode
-//! throughput (B sequences stepping together), so it can be set next to llama.cpp's
-//! numbers from `scripts/bench_llamacpp.py` in the same run (`scripts/bench_cpu.sh`).
+//! prefill tok/s for a long prompt, single-stream greedy decode tok/s after a short and a
+//! long prompt, batched decode throughput (B sequences stepping together) and peak memory,
+//! so it can be set next to llama.cpp's numbers in the same run (`scripts/bench_cpu.sh`).
 //! With `--random-weights CONFIG` (any device) or `--check-logits DIR` it runs the GPU
 //! benchmark / correctness check of `device_bench.rs` instead.
 
 use anyhow::Result;
 use std::time::Instant;
-use tokenrouter_runtime::{load_model, KvBudget, LoadOptions, Row, StepOptions};
+use tokenrouter_runtime::{load_model, KvBudget, LoadOptions, Row, Runner, StepOptions};
 
 #[derive(clap::Args)]
 pub struct ModelBenchArgs {
@@ -65,6 +65,13 @@ pub struct ModelBenchArgs {
     /// Batch size for the batched decode throughput.
     #[arg(long, default_value_t = 8)]
     batch: usize,
+    /// Also decode --long-decode-tokens single-stream steps after a prompt this long (like
+    /// `llama-bench -d 1024 -n 64`); 0 skips it.
+    #[arg(long, default_value_t = 1024)]
+    long_context: usize,
+    /// Greedy decode steps after the --long-context prompt.
+    #[arg(long, default_value_t = 64)]
+    long_decode_tokens: usize,
     /// Repeats (the median is reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
@@ -111,7 +118,19 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
         return crate::device_bench::check_logits(dir, ids, out, &a.device, a.dtype.as_deref());
     }
     let loc = tokenrouter_fetch::resolve_model(a.model.as_deref().unwrap_or_default())?;
-    let kv = a.batch * (a.prompt_tokens + a.decode_tokens) + a.prefill_tokens + 64;
+    // Sequences are freed between measurements: the cache holds the largest one at a time
+    // (peak memory is reported, so no more than that).
+    let long = (a.long_context > 0).then_some(a.long_context + a.long_decode_tokens);
+    let kv = [
+        a.batch * (a.prompt_tokens + a.decode_tokens),
+        a.prompt_tokens + a.decode_tokens,
+        a.prefill_tokens,
+        long.unwrap_or(0),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0)
+        + 64;
     let mut m = load_model(
         loc.path(),
         &LoadOptions {
@@ -122,6 +141,7 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
     )?;
     let opts = StepOptions::default();
     let (mut prefill, mut decode1, mut decode_b) = (Vec::new(), Vec::new(), Vec::new());
+    let mut decode_long = Vec::new();
     let mut seq = 0u64;
     for rep in 0..a.repeats.max(1) {
         seq += 1;
@@ -132,20 +152,20 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
         m.runner.free(seq);
         // Single stream: prompt, then greedy steps (argmax, fed back).
         seq += 1;
-        let mut l = m
-            .runner
-            .step(&[Row::new(seq, tokens(a.prompt_tokens, rep as u32))], opts)?
-            .logits_rows()?;
-        let t = Instant::now();
-        for _ in 0..a.decode_tokens {
-            let next = argmax(&l[0]);
-            l = m
-                .runner
-                .step(&[Row::new(seq, vec![next])], opts)?
-                .logits_rows()?;
+        let prompt = tokens(a.prompt_tokens, rep as u32);
+        decode1.push(greedy_decode(
+            &mut m.runner,
+            seq,
+            prompt,
+            a.decode_tokens,
+            opts,
+        )?);
+        if long.is_some() {
+            seq += 1;
+            let prompt = tokens(a.long_context, rep as u32 + 3);
+            let rate = greedy_decode(&mut m.runner, seq, prompt, a.long_decode_tokens, opts)?;
+            decode_long.push(rate);
         }
-        decode1.push(a.decode_tokens as f64 / t.elapsed().as_secs_f64());
-        m.runner.free(seq);
         // Batched: B sequences decode together.
         let ids: Vec<u64> = (0..a.batch as u64)
             .map(|i| 10_000 + seq * 100 + i)
@@ -171,10 +191,12 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
         }
     }
     let (p, d1, db) = (median(prefill), median(decode1), median(decode_b));
+    let dl = (!decode_long.is_empty()).then(|| median(decode_long));
+    let rss = peak_rss_mb();
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"engine": "tokenrouter", "model": loc.path().display().to_string(), "prefill_tokens": a.prefill_tokens, "prefill_tok_s": p, "decode_tokens": a.decode_tokens, "decode_tok_s": d1, "batch": a.batch, "batch_decode_tok_s": db})
+            serde_json::json!({"engine": "tokenrouter", "model": loc.path().display().to_string(), "prefill_tokens": a.prefill_tokens, "prefill_tok_s": p, "decode_tokens": a.decode_tokens, "decode_tok_s": d1, "batch": a.batch, "batch_decode_tok_s": db, "long_context": a.long_context, "long_decode_tok_s": dl, "peak_rss_mb": rss})
         );
     } else {
         println!("model: {}", loc.path().display());
@@ -184,13 +206,58 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
             "| decode, batch 1 ({} after {} prompt tokens) | {d1:.1} |",
             a.decode_tokens, a.prompt_tokens
         );
+        if let Some(dl) = dl {
+            println!(
+                "| decode, batch 1 ({} after {} prompt tokens) | {dl:.1} |",
+                a.long_decode_tokens, a.long_context
+            );
+        }
         println!(
             "| decode, batch {} (total) | {db:.1} ({:.2}x batch 1) |",
             a.batch,
             db / d1
         );
+        if let Some(rss) = rss {
+            println!("| peak resident memory | {rss:.0} MB |");
+        }
     }
     Ok(())
+}
+
+/// Prefill `prompt` as sequence `seq`, then `steps` greedy steps (argmax fed back); the
+/// steps' tok/s. The sequence is freed after.
+fn greedy_decode(
+    runner: &mut Runner,
+    seq: u64,
+    prompt: Vec<u32>,
+    steps: usize,
+    opts: StepOptions,
+) -> Result<f64> {
+    let mut l = runner.step(&[Row::new(seq, prompt)], opts)?.logits_rows()?;
+    let t = Instant::now();
+    for _ in 0..steps {
+        let next = argmax(&l[0]);
+        l = runner
+            .step(&[Row::new(seq, vec![next])], opts)?
+            .logits_rows()?;
+    }
+    let rate = steps as f64 / t.elapsed().as_secs_f64();
+    runner.free(seq);
+    Ok(rate)
+}
+
+/// This process's peak resident memory in MB (`VmHWM`, Linux), if known.
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
 }
 
 fn argmax(v: &[f32]) -> u32 {
