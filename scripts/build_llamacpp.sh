@@ -2,7 +2,8 @@
 # Build llama.cpp's `llama-bench` from the llama-cpp-python 0.3.36 sdist (PyPI, sha256-pinned),
 # the reference scripts/bench_cpu.sh compares against (../shared/reference/CPU-PERF.md).
 # Usage: scripts/build_llamacpp.sh [native|avx2]   -> prints the llama-bench path
-#   native: GGML_NATIVE=ON (every SIMD extension this CPU has);
+#   native: GGML_NATIVE=ON (every SIMD extension this CPU has) but AMX: on the Sapphire Rapids
+#           VMs we measured on, its AMX matmul traps (SIGILL at `tileloadd`) in llama-bench;
 #   avx2:   AVX2 + FMA + F16C only (no AVX-512, no AVX-VNNI): what an AVX2-only machine runs,
 #           for comparing with tokenrouter's forced AVX2 kernels on an AVX-512 machine.
 # Needs a C++ compiler; cmake and ninja come from PyPI when missing. Cached under
@@ -10,7 +11,8 @@
 set -euo pipefail
 variant=${1:-native}
 case $variant in
-  native) flags=(-DGGML_NATIVE=ON) ;;
+  native) noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+          flags=(-DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$noamx" "-DCMAKE_CXX_FLAGS=$noamx") ;;
   avx2) flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
                -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF) ;;
   *) echo "usage: $0 [native|avx2]" >&2; exit 2 ;;
@@ -22,11 +24,11 @@ bin=$cache/build-$variant/bin/llama-bench
 if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
 mkdir -p "$cache"
 sdist=$cache/llama_cpp_python-$version.tar.gz
-if ! echo "$sha256  $sdist" | sha256sum -c --quiet 2>/dev/null; then
-  url=$(python3 -c "
-import json, urllib.request
-j = json.load(urllib.request.urlopen('https://pypi.org/pypi/llama-cpp-python/$version/json'))
-print(next(u['url'] for u in j['urls'] if u['packagetype'] == 'sdist'))")
+if ! echo "$sha256  $sdist" | sha256sum -c --quiet >/dev/null 2>&1; then
+  # The simple index (PEP 503) is what every PyPI mirror serves.
+  url=$(curl -fsSL "${PIP_INDEX_URL:-https://pypi.org/simple}/llama-cpp-python/" |
+        grep -o "https://[^\"#]*llama_cpp_python-$version.tar.gz" | head -1)
+  [ -n "$url" ] || { echo "llama-cpp-python $version sdist not found on the index" >&2; exit 1; }
   echo "downloading $url" >&2
   curl -fsSL -o "$sdist.part" "$url"
   echo "$sha256  $sdist.part" | sha256sum -c --quiet || { echo "sha256 mismatch for $url" >&2; exit 1; }

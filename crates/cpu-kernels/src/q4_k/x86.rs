@@ -105,11 +105,12 @@ pub(super) mod avx512 {
 }
 
 /// The 256-bit kernels: each 16-row tile as two halves of eight rows. `$dot(acc, w, y)` adds
-/// the products of the unsigned bytes of `w` with the signed bytes of `y` to `acc`, in lanes
-/// that `$finish(acc)` turns into the i32 sum of each 4 bytes (one sub-block of 32 weights
-/// accumulates before it is finished: 8 products per lane).
+/// the products of the unsigned bytes of `w` with the signed bytes of `y` to `acc` (one
+/// sub-block of 32 weights accumulates before it is scaled: 8 products per lane);
+/// `$scaled(acc, $scales(p))` is the i32 sum of each row's 4-byte lanes times that row's scale
+/// (the eight u8 at `p`).
 macro_rules! kernels256 {
-    ($module:ident, $features:literal, $dot:expr, $finish:expr) => {
+    ($module:ident, $features:literal, $dot:expr, $scales:expr, $scaled:expr) => {
         pub(super) mod $module {
             use super::{Tile, MT, PREFETCH_TILES, Q8K_BSUMS, Q8K_BYTES, TILE_BYTES, TILE_N};
             use std::arch::x86_64::*;
@@ -120,10 +121,20 @@ macro_rules! kernels256 {
                 _mm256_set1_epi32(std::ptr::read_unaligned(q.add(off) as *const i32))
             }
 
+            /// The eight u8 at `p` as i32 lanes (the VNNI kernel's scales).
+            #[allow(dead_code)]
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn wide_i32(p: *const u8) -> __m256i {
                 _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
+            }
+
+            /// The eight u8 at `p` as i16 lanes, each twice: the pairs `madd` multiplies.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dup_i16(p: *const u8) -> __m256i {
+                let x = _mm_loadl_epi64(p as *const __m128i);
+                _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(x, x))
             }
 
             #[inline]
@@ -135,9 +146,16 @@ macro_rules! kernels256 {
 
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn finish(acc: __m256i) -> __m256i {
+            unsafe fn scales(p: *const u8) -> __m256i {
                 #[allow(clippy::redundant_closure_call)]
-                ($finish)(acc)
+                ($scales)(p)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn scaled(acc: __m256i, scales: __m256i) -> __m256i {
+                #[allow(clippy::redundant_closure_call)]
+                ($scaled)(acc, scales)
             }
 
             /// `tiles` (16 weight rows) against the `M` activation rows `acts`.
@@ -188,20 +206,17 @@ macro_rules! kernels256 {
                             }
                         }
                         for h in 0..2 {
-                            let sc = wide_i32(tile.sc[sub].as_ptr().add(8 * h));
-                            let mn = wide_i32(tile.mn[sub].as_ptr().add(8 * h));
+                            let sc = scales(tile.sc[sub].as_ptr().add(8 * h));
+                            let mn = dup_i16(tile.mn[sub].as_ptr().add(8 * h));
                             for i in 0..M {
-                                let p = q[i].add(Q8K_BSUMS + 4 * sub) as *const i16;
-                                let bsum = std::ptr::read_unaligned(p) as i32
-                                    + std::ptr::read_unaligned(p.add(1)) as i32;
-                                iblk[i][h] = _mm256_add_epi32(
-                                    iblk[i][h],
-                                    _mm256_mullo_epi32(finish(isum[i][h]), sc),
-                                );
-                                imin[i][h] = _mm256_add_epi32(
-                                    imin[i][h],
-                                    _mm256_mullo_epi32(mn, _mm256_set1_epi32(bsum)),
-                                );
+                                // The sub-block's two i16 sums side by side: `madd` with
+                                // each row's min twice gives min * (sum + sum), exactly.
+                                let bsums = _mm256_set1_epi32(std::ptr::read_unaligned(
+                                    q[i].add(Q8K_BSUMS + 4 * sub) as *const i32,
+                                ));
+                                iblk[i][h] = _mm256_add_epi32(iblk[i][h], scaled(isum[i][h], sc));
+                                imin[i][h] =
+                                    _mm256_add_epi32(imin[i][h], _mm256_madd_epi16(mn, bsums));
                             }
                         }
                         // llama.cpp's gemm rows add every 64 values, its gemv rows
@@ -250,18 +265,22 @@ macro_rules! kernels256 {
 }
 
 // AVX2 has no u8 x i8 -> i32 dot: maddubs gives i16 pairs (u4 x i8, |pair| <= 2 * 15 * 128 =
-// 3840, so it never saturates), and a sub-block's 8 of them add up in i16 (<= 30720 < 32767)
-// before one madd widens them: a quarter of the widening work of widening every product, the
-// same integers (so the same floats: the scalar-order tests still hold bit for bit).
+// 3840, so it never saturates), and a sub-block's 8 of them add up in i16 (<= 30720 < 32767);
+// one madd with each row's scale twice then widens and scales them at once (|sum * scale| <=
+// 2 * 30720 * 63 fits i32). The same integers as widening every product and multiplying in
+// i32 (so the same floats: the scalar-order tests still hold bit for bit), at a quarter of
+// the widening work and without the slow 32-bit multiplies.
 kernels256!(
     avx2,
     "avx2,fma,f16c",
     |acc, w, y| _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, y)),
-    |acc| _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
+    |p| dup_i16(p),
+    |acc, sc| _mm256_madd_epi16(acc, sc)
 );
 kernels256!(
     avx_vnni,
     "avx2,fma,f16c,avxvnni",
     |acc, w, y| { _mm256_dpbusd_avx_epi32(acc, w, y) },
-    |acc| acc
+    |p| wide_i32(p),
+    |acc, sc| _mm256_mullo_epi32(acc, sc)
 );
