@@ -189,10 +189,14 @@ macro_rules! kernels256 {
                         for line in (sub * 5..sub * 5 + 5).take_while(|l| *l < TILE_BYTES / 64) {
                             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
                         }
-                        let mut isum = [[_mm256_setzero_si256(); 2]; M];
-                        for g4 in 0..4 {
-                            let g = sub * 4 + g4;
-                            for h in 0..2 {
+                        // One half tile (eight rows) at a time: its M sums, the weights and
+                        // a broadcast fit the 16 registers (both halves' sums at once were
+                        // spilled, every add a store and a reload). Each sum sees the same
+                        // products in the same order either way.
+                        for h in 0..2 {
+                            let mut isum = [_mm256_setzero_si256(); M];
+                            for g4 in 0..4 {
+                                let g = sub * 4 + g4;
                                 let w = _mm256_loadu_si256(
                                     qs.add(g * TILE_N * 4 + h * 32) as *const __m256i
                                 );
@@ -200,12 +204,10 @@ macro_rules! kernels256 {
                                 let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
                                 for i in 0..M {
                                     let y = q[i].add(4);
-                                    isum[i][h] = dp(isum[i][h], lo, bcast4(y, g * 8));
-                                    isum[i][h] = dp(isum[i][h], hi, bcast4(y, g * 8 + 4));
+                                    isum[i] = dp(isum[i], lo, bcast4(y, g * 8));
+                                    isum[i] = dp(isum[i], hi, bcast4(y, g * 8 + 4));
                                 }
                             }
-                        }
-                        for h in 0..2 {
                             let sc = scales(tile.sc[sub].as_ptr().add(8 * h));
                             let mn = dup_i16(tile.mn[sub].as_ptr().add(8 * h));
                             for i in 0..M {
@@ -214,7 +216,7 @@ macro_rules! kernels256 {
                                 let bsums = _mm256_set1_epi32(std::ptr::read_unaligned(
                                     q[i].add(Q8K_BSUMS + 4 * sub) as *const i32,
                                 ));
-                                iblk[i][h] = _mm256_add_epi32(iblk[i][h], scaled(isum[i][h], sc));
+                                iblk[i][h] = _mm256_add_epi32(iblk[i][h], scaled(isum[i], sc));
                                 imin[i][h] =
                                     _mm256_add_epi32(imin[i][h], _mm256_madd_epi16(mn, bsums));
                             }
