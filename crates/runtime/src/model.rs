@@ -36,11 +36,17 @@ pub(crate) fn matmul_t(x: &Tensor, w: &QMatMul) -> candle_core::Result<Tensor> {
 
 /// A matmul with an optional bias.
 pub struct Linear {
-    w: QMatMul,
-    /// Q5_0 / Q8_0 / Q4_K / Q6_K weights on the CPU run on our SIMD kernels instead, with
-    /// llama.cpp's arithmetic (see the `tokenrouter-cpu-kernels` crate).
-    cpu: Option<CpuMatmul>,
+    w: Weight,
     b: Option<Tensor>,
+}
+
+/// Who multiplies by a weight. Q5_0 / Q8_0 / Q4_K / Q6_K weights on the CPU run on our SIMD
+/// kernels, with llama.cpp's arithmetic (see the `tokenrouter-cpu-kernels` crate); candle
+/// keeps the rest. Only one of the two holds the weight: our Q4_K kernel multiplies a
+/// repacked copy, and keeping candle's original beside it cost its size again in memory.
+enum Weight {
+    Candle(QMatMul),
+    Ours(CpuMatmul),
 }
 
 impl Linear {
@@ -59,8 +65,11 @@ impl Linear {
         } else {
             None
         };
-        let cpu = CpuMatmul::new(&w, kernels.cpu_q5, kernels.cpu_qk);
-        Ok(Self { w, cpu, b })
+        let w = match CpuMatmul::new(&w, kernels.cpu_q5, kernels.cpu_qk) {
+            Some(ours) => Weight::Ours(ours),
+            None => Weight::Candle(w),
+        };
+        Ok(Self { w, b })
     }
 
     /// One matmul for several projections of the same input (rows stacked), when all are
@@ -73,7 +82,7 @@ impl Linear {
         let mut ws = Vec::with_capacity(parts.len());
         for p in parts {
             match &p.w {
-                QMatMul::Tensor(w) => ws.push(w.clone()),
+                Weight::Candle(QMatMul::Tensor(w)) => ws.push(w.clone()),
                 _ => return Ok(None),
             }
         }
@@ -90,8 +99,7 @@ impl Linear {
             None => return Ok(None),
         };
         Ok(Some(Linear {
-            w: QMatMul::Tensor(Tensor::cat(&ws, 0)?),
-            cpu: None,
+            w: Weight::Candle(QMatMul::Tensor(Tensor::cat(&ws, 0)?)),
             b,
         }))
     }
@@ -100,7 +108,7 @@ impl Linear {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn dense(&self) -> Option<(&Tensor, Option<&Tensor>)> {
         match &self.w {
-            QMatMul::Tensor(w) => Some((w, self.b.as_ref())),
+            Weight::Candle(QMatMul::Tensor(w)) => Some((w, self.b.as_ref())),
             _ => None,
         }
     }
@@ -108,9 +116,9 @@ impl Linear {
     /// `x W^T (+ b)`, `x`'s rows grouped into sequences (`cpu_quant::SeqRows`; `None`:
     /// each row on its own).
     fn forward(&self, x: &Tensor, seqs: SeqRows) -> candle_core::Result<Tensor> {
-        let y = match &self.cpu {
-            Some(q) => q.forward(x, seqs)?,
-            None => matmul_t(x, &self.w)?,
+        let y = match &self.w {
+            Weight::Ours(q) => q.forward(x, seqs)?,
+            Weight::Candle(w) => matmul_t(x, w)?,
         };
         match &self.b {
             Some(b) => y.broadcast_add(b),

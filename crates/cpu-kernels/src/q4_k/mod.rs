@@ -16,7 +16,7 @@
 //! every 256-value block; see `dot_scalar`.
 
 use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
@@ -106,10 +106,10 @@ impl Kernel {
     }
 }
 
-/// A Q4_K weight `[n, k]` on the CPU, multiplied by our kernels.
+/// A Q4_K weight `[n, k]` on the CPU, multiplied by our kernels. It holds only the repacked
+/// tiles: the caller may drop the original weight (the model does).
 #[derive(Clone)]
 pub struct Q4kMatmul {
-    w: Arc<QTensor>,
     tiles: Arc<Vec<Tile>>,
     n: usize,
     k: usize,
@@ -140,7 +140,6 @@ impl Q4kMatmul {
         }
         let tiles = pack(&t.data().ok()?, n, k);
         Some(Self {
-            w: t.clone(),
             tiles: Arc::new(tiles),
             n,
             k,
@@ -155,8 +154,13 @@ impl Q4kMatmul {
     /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`, its rows grouped into sequences by
     /// `seqs` (see [`super::SeqRows`]).
     pub fn forward(&self, x: &Tensor, seqs: super::SeqRows) -> candle_core::Result<Tensor> {
-        if x.dtype() != DType::F32 || !x.device().is_cpu() {
-            return x.apply_op1_no_bwd(self.w.as_ref());
+        if !x.device().is_cpu() {
+            candle_core::bail!("q4_k matmul: the weight is in CPU memory, the input is not");
+        }
+        if x.dtype() != DType::F32 {
+            return self
+                .forward(&x.to_dtype(DType::F32)?, seqs)?
+                .to_dtype(x.dtype());
         }
         let m = x.elem_count() / self.k.max(1);
         // llama.cpp's gemm takes a sequence's rows up to its last multiple of four.

@@ -1,4 +1,5 @@
 use super::*;
+use candle_core::quantized::QTensor;
 use candle_core::{Device, Module};
 
 use crate::test_util::{quantized, rel_diff, time_ms, values};
@@ -138,6 +139,30 @@ fn batched_input_and_fallbacks() {
     // Wrong inner size is an error, not a panic.
     let bad = Tensor::zeros((2, 255), DType::F32, &Device::Cpu).unwrap();
     assert!(ours.forward(&bad, None).is_err());
+    // The tiles are all it needs: with the original weight gone it multiplies the same, and
+    // a bf16 input goes through f32 (its result rounded back to bf16).
+    let x2 = Tensor::from_vec(values(4 * 256, 5), (4, 256), &Device::Cpu).unwrap();
+    let before = ours.forward(&x2, None).unwrap();
+    let ours = Q4kMatmul::with_kernel(&q4k_weight(32, 256, 9), Kernel::Scalar).unwrap();
+    let after = ours.forward(&x2, None).unwrap();
+    assert!(before.to_vec2::<f32>().unwrap() == after.to_vec2::<f32>().unwrap());
+    let half = ours
+        .forward(&x2.to_dtype(DType::BF16).unwrap(), None)
+        .unwrap();
+    assert_eq!(half.dtype(), DType::BF16);
+    let via_f32 = ours
+        .forward(
+            &x2.to_dtype(DType::BF16)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap(),
+            None,
+        )
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let bits = |t: Tensor| t.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
+    assert!(bits(half) == bits(via_f32));
     // Other types, and row counts that are not whole tiles, stay with candle.
     let q8 = Tensor::from_vec(values(32 * 256, 4), (32, 256), &Device::Cpu).unwrap();
     let q8 = QMatMul::from_arc(Arc::new(QTensor::quantize(&q8, GgmlDType::Q8_0).unwrap())).unwrap();
