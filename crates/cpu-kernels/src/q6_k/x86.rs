@@ -1,8 +1,42 @@
 //! The x86 Q6_K kernels: 512-bit (AVX512-VNNI, several activation rows per unpacked weight
 //! block) and 256-bit (AVX2), both with several activation rows per unpacked weight block and llama.cpp's per-lane arithmetic (see `dot_scalar`).
 
+use std::arch::x86_64::*;
+
+/// One Q6_K block's eight i32 `lanes` (lane l: positions 4l..4l+4 of every chunk, scaled) for
+/// one (weight row, activation row) pair, added to that pair's accumulator: the weights are
+/// stored plus 32, so lane l first takes off 32 times the scaled sums of activations
+/// 32l..32l+32 (llama.cpp's `q8sclsub`); then llama.cpp's tiled step (`tacc`) or its vec_dot
+/// step (`acc`). `y` is the activation row's Q8_K block, `sc16` the weight block's scales.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `y` must point at a whole Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_block<const TILED: bool>(
+    lanes: __m256i,
+    y: *const u8,
+    sc16: __m256i,
+    dw: f32,
+    tacc: &mut f32,
+    acc: &mut __m256,
+) {
+    let bsums = _mm256_loadu_si256(y.add(super::Q8K_BSUMS) as *const __m256i);
+    let s8 = _mm256_sub_epi32(
+        lanes,
+        _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16)),
+    );
+    let dy = std::ptr::read_unaligned(y as *const f32);
+    if TILED {
+        let s = super::hsum_i32(std::mem::transmute::<__m256i, [i32; 8]>(s8));
+        *tacc = (dw * s as f32).mul_add(dy, *tacc);
+    } else {
+        *acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * dw), _mm256_cvtepi32_ps(s8), *acc);
+    }
+}
+
 pub(super) mod avx512 {
-    use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BSUMS, Q8K_BYTES, ROWS};
+    use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
     use std::arch::x86_64::*;
 
     /// Eight weight rows against the Q8_K blocks of `A` activation rows `qs` (each weight
@@ -80,29 +114,12 @@ pub(super) mod avx512 {
                         let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv[p], yv);
                         sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dot, sc[p]));
                     }
-                    // Lane l of the two 256-bit halves: positions 4l.. of even / odd chunks;
-                    // the weights are stored plus 32, so lane l takes off 32 times the scaled
-                    // sums of activations 32l..32l+32 (llama.cpp's `q8sclsub`).
-                    let bsums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
-                    let s8 = _mm256_sub_epi32(
-                        _mm256_add_epi32(
-                            _mm512_castsi512_si256(sumi),
-                            _mm512_extracti64x4_epi64::<1>(sumi),
-                        ),
-                        _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16)),
+                    // Lane l of the two 256-bit halves: positions 4l.. of even / odd chunks.
+                    let lanes = _mm256_add_epi32(
+                        _mm512_castsi512_si256(sumi),
+                        _mm512_extracti64x4_epi64::<1>(sumi),
                     );
-                    let dy = std::ptr::read_unaligned(y as *const f32);
-                    if TILED {
-                        let s =
-                            super::super::hsum_i32(std::mem::transmute::<__m256i, [i32; 8]>(s8));
-                        tacc[a][r] = (dw * s as f32).mul_add(dy, tacc[a][r]);
-                    } else {
-                        acc[a][r] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(dy * dw),
-                            _mm256_cvtepi32_ps(s8),
-                            acc[a][r],
-                        );
-                    }
+                    super::add_block::<TILED>(lanes, y, sc16, dw, &mut tacc[a][r], &mut acc[a][r]);
                 }
             }
         }
@@ -114,7 +131,7 @@ pub(super) mod avx512 {
 }
 
 pub(super) mod avx2 {
-    use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BSUMS, Q8K_BYTES, ROWS};
+    use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
     use std::arch::x86_64::*;
 
     /// Eight weight rows against the Q8_K blocks of `A` activation rows `qs`, with
@@ -190,24 +207,14 @@ pub(super) mod avx2 {
                 let sc16 = _mm256_cvtepi8_epi16(scales);
                 for a in 0..A {
                     let y = ys[a];
-                    // The weights are stored plus 32 (llama.cpp's `q8sclsub`).
-                    let bsums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
-                    let s8 = _mm256_sub_epi32(
+                    super::add_block::<TILED>(
                         sumi[a],
-                        _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16)),
+                        y,
+                        sc16,
+                        dw,
+                        &mut tacc[a][r],
+                        &mut acc[a][r],
                     );
-                    let dy = std::ptr::read_unaligned(y as *const f32);
-                    if TILED {
-                        let s =
-                            super::super::hsum_i32(std::mem::transmute::<__m256i, [i32; 8]>(s8));
-                        tacc[a][r] = (dw * s as f32).mul_add(dy, tacc[a][r]);
-                    } else {
-                        acc[a][r] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(dy * dw),
-                            _mm256_cvtepi32_ps(s8),
-                            acc[a][r],
-                        );
-                    }
                 }
             }
         }
