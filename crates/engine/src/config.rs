@@ -79,6 +79,10 @@ pub struct ModelSection {
     /// KV cache size in tokens.
     #[serde(default)]
     pub kv_cache_tokens: Option<usize>,
+    /// Keep the KV of finished requests and reuse it for requests that start with the same
+    /// tokens (automatic prefix caching, as vLLM and SGLang do by default).
+    #[serde(default = "default_true")]
+    pub prefix_cache: bool,
     /// Accepted for compatibility with TokenRouter configs; ignored (single device).
     #[serde(default)]
     pub tp_size: Option<usize>,

@@ -17,6 +17,8 @@ pub struct EngineMetrics {
     pub running: GaugeVec,
     pub waiting: GaugeVec,
     pub kv_usage: GaugeVec,
+    pub prefix_queried: GaugeVec,
+    pub prefix_hits: GaugeVec,
     pub threshold: GaugeVec,
     pub predicted_throughput: Gauge,
     pub active: IntGauge,
@@ -108,6 +110,20 @@ impl EngineMetrics {
             Opts::new(m("kv_cache_usage_perc"), "Fraction of KV blocks in use"),
             &["model"],
         )?;
+        let prefix_queried = GaugeVec::new(
+            Opts::new(
+                m("prefix_cache_queried_tokens"),
+                "Tokens of new sequences looked up in the prefix cache, since the start",
+            ),
+            &["model"],
+        )?;
+        let prefix_hits = GaugeVec::new(
+            Opts::new(
+                m("prefix_cache_hit_tokens"),
+                "Tokens of new sequences found in the prefix cache (not recomputed), since the start",
+            ),
+            &["model"],
+        )?;
         let threshold = GaugeVec::new(
             Opts::new(
                 m("delayed_batching_threshold"),
@@ -178,6 +194,8 @@ impl EngineMetrics {
         registry.register(Box::new(running.clone()))?;
         registry.register(Box::new(waiting.clone()))?;
         registry.register(Box::new(kv_usage.clone()))?;
+        registry.register(Box::new(prefix_queried.clone()))?;
+        registry.register(Box::new(prefix_hits.clone()))?;
         registry.register(Box::new(threshold.clone()))?;
         registry.register(Box::new(predicted_throughput.clone()))?;
         registry.register(Box::new(active.clone()))?;
@@ -193,6 +211,8 @@ impl EngineMetrics {
             running,
             waiting,
             kv_usage,
+            prefix_queried,
+            prefix_hits,
             threshold,
             predicted_throughput,
             active,

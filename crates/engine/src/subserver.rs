@@ -146,6 +146,11 @@ impl SubServer {
         m.kv_usage
             .with_label_values(&[name])
             .set(self.runner.usage().fraction());
+        let (queried, hits) = self.runner.prefix_hits();
+        m.prefix_queried
+            .with_label_values(&[name])
+            .set(queried as f64);
+        m.prefix_hits.with_label_values(&[name]).set(hits as f64);
         let active = self.shared.active.load(Ordering::SeqCst);
         m.threshold
             .with_label_values(&[name])

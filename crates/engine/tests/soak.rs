@@ -6,7 +6,8 @@
 //! (a counting allocator: exact, so a per-request leak shows however small) and resident
 //! set size. On the tiny pair the process is only ~18 MB resident, where allocator
 //! arenas and page granularity alone move RSS by a megabyte or so between runs, so RSS
-//! may also pass by staying within 2 MB. Prints the figures.
+//! may also pass by staying within 2 MB (plus the KV buffers, which the prefix cache may
+//! fill). Prints the figures.
 //!
 //! One allocation is not the engine's: `gemm` (under candle's matmul) keeps a 2 MB scratch
 //! per thread, made the first time that thread multiplies. Rayon workers are lent to
@@ -210,8 +211,13 @@ async fn soak_every_request_ends_kv_returns_to_zero_memory_stays_flat() {
         "live heap grew {:.1}% after warm-up",
         100.0 * heap_growth
     );
+    // The prefix cache keeps finished requests' KV blocks and hands out untouched blocks
+    // before reusing cached ones, so the KV buffers' pages become resident as it fills: up
+    // to their whole size, 8192 tokens of (layers x K,V x 2 heads x 16 dims x 4 bytes) for
+    // the 2-layer and 3-layer models. That is bounded and allowed; anything beyond is not.
+    let kv_buffers = 8192.0 * (2.0 + 3.0) * 2.0 * 2.0 * 16.0 * 4.0;
     assert!(
-        rss_growth < 0.05 || rss_growth_bytes < 2e6,
+        rss_growth < 0.05 || rss_growth_bytes < 2e6 + kv_buffers,
         "RSS grew {:.1}% ({:.1} MB) after warm-up",
         100.0 * rss_growth,
         rss_growth_bytes / 1e6

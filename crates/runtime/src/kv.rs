@@ -4,6 +4,7 @@
 //! of blocks is a typed error that the scheduler turns into waiting or preemption.
 
 use crate::error::{Result, RuntimeError};
+use crate::prefix_cache::{chain_hash, PrefixIndex, ROOT};
 use std::collections::HashMap;
 
 pub type SeqId = u64;
@@ -38,10 +39,14 @@ impl KvCapacity {
 }
 
 /// Where a sequence's tokens live: its blocks in order and how many positions are filled.
+/// With prefix caching it also keeps the tokens and the chain hash of each full block, so
+/// blocks can be indexed as they fill.
 #[derive(Clone, Debug, Default)]
 pub struct BlockTable {
     pub blocks: Vec<u32>,
     pub len: usize,
+    tokens: Vec<u32>,
+    hashes: Vec<u64>,
 }
 
 impl BlockTable {
@@ -55,10 +60,13 @@ impl BlockTable {
 /// Usage numbers for metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvUsage {
+    /// Blocks held by sequences.
     pub used_blocks: usize,
     pub total_blocks: usize,
     pub block_size: usize,
     pub sequences: usize,
+    /// Blocks that nobody holds but that keep a cached prefix (reusable, evictable).
+    pub cached_blocks: usize,
 }
 
 impl KvUsage {
@@ -71,12 +79,16 @@ impl KvUsage {
     }
 }
 
-/// Block bookkeeping (no storage): which blocks are free, which sequence owns which.
+/// Block bookkeeping (no storage): which blocks are free, which sequence holds which, and,
+/// with prefix caching on, which full blocks hold a known prefix (`prefix_cache.rs`).
 #[derive(Debug)]
 pub struct BlockManager {
     capacity: KvCapacity,
     free: Vec<u32>,
     seqs: HashMap<SeqId, BlockTable>,
+    /// Holders per block (several sequences share a cached prefix block).
+    refs: Vec<u32>,
+    prefix: Option<PrefixIndex>,
 }
 
 impl BlockManager {
@@ -87,7 +99,21 @@ impl BlockManager {
             capacity,
             free,
             seqs: HashMap::new(),
+            refs: vec![0; capacity.num_blocks],
+            prefix: None,
         }
+    }
+
+    /// A manager that keeps and reuses full blocks of earlier sequences.
+    pub fn with_prefix_cache(capacity: KvCapacity) -> Self {
+        Self {
+            prefix: Some(PrefixIndex::default()),
+            ..Self::new(capacity)
+        }
+    }
+
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix.is_some()
     }
 
     pub fn capacity(&self) -> KvCapacity {
@@ -106,6 +132,33 @@ impl BlockManager {
         tokens.div_ceil(self.capacity.block_size)
     }
 
+    /// Blocks that can be handed out now: free ones and cached ones nobody holds.
+    fn available(&self) -> usize {
+        self.free.len() + self.prefix.as_ref().map_or(0, PrefixIndex::idle_blocks)
+    }
+
+    fn take_block(&mut self) -> Option<u32> {
+        let b = self
+            .free
+            .pop()
+            .or_else(|| self.prefix.as_mut().and_then(PrefixIndex::evict))?;
+        self.refs[b as usize] = 1;
+        Some(b)
+    }
+
+    /// Drop one holder of `b`; with none left it is parked (cached) or freed.
+    fn release_block(&mut self, b: u32) {
+        let r = &mut self.refs[b as usize];
+        *r = r.saturating_sub(1);
+        if *r > 0 {
+            return;
+        }
+        match self.prefix.as_mut() {
+            Some(p) if p.is_cached(b) => p.park(b),
+            _ => self.free.push(b),
+        }
+    }
+
     /// Blocks still needed to append `new_tokens` to `seq`.
     pub fn blocks_needed(&self, seq: SeqId, new_tokens: usize) -> usize {
         let table = self.seqs.get(&seq);
@@ -114,44 +167,98 @@ impl BlockManager {
         self.blocks_for(len + new_tokens).saturating_sub(have)
     }
 
+    /// For a sequence not seen yet whose tokens will be `tokens`: take the cached blocks
+    /// holding its longest cached prefix (whole blocks, and never all of `tokens`: the last
+    /// one must be computed for its logits). Returns the positions now cached, 0 without a
+    /// hit or without prefix caching; a sequence that exists keeps what it has.
+    pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        if let Some(t) = self.seqs.get(&seq) {
+            return t.len;
+        }
+        let bs = self.capacity.block_size;
+        let Some(prefix) = self.prefix.as_mut() else {
+            return 0;
+        };
+        prefix.queried_tokens += tokens.len() as u64;
+        let mut table = BlockTable::default();
+        let mut parent = ROOT;
+        for chunk in tokens[..tokens.len().saturating_sub(1)].chunks_exact(bs) {
+            let Some((h, b)) = prefix.lookup(parent, chunk) else {
+                break;
+            };
+            prefix.take_idle(b);
+            self.refs[b as usize] += 1;
+            table.blocks.push(b);
+            table.hashes.push(h);
+            table.tokens.extend_from_slice(chunk);
+            parent = h;
+        }
+        table.len = table.tokens.len();
+        prefix.hit_tokens += table.len as u64;
+        let len = table.len;
+        if len > 0 {
+            self.seqs.insert(seq, table);
+        }
+        len
+    }
+
     /// Make room for every (sequence, new tokens) pair, or for none of them.
     pub fn reserve(&mut self, rows: &[(SeqId, usize)]) -> Result<()> {
         let needed: usize = rows
             .iter()
             .map(|&(seq, n)| self.blocks_needed(seq, n))
             .sum();
-        if needed > self.free.len() {
+        if needed > self.available() {
             return Err(RuntimeError::OutOfBlocks {
                 needed,
-                free: self.free.len(),
+                free: self.available(),
                 total: self.capacity.num_blocks,
             });
         }
         for &(seq, n) in rows {
             let want = self.blocks_needed(seq, n);
-            let table = self.seqs.entry(seq).or_default();
+            let mut got = Vec::with_capacity(want);
             for _ in 0..want {
                 // Cannot fail: the total was checked above.
-                if let Some(b) = self.free.pop() {
-                    table.blocks.push(b);
+                if let Some(b) = self.take_block() {
+                    got.push(b);
                 }
             }
+            self.seqs.entry(seq).or_default().blocks.extend(got);
         }
         Ok(())
     }
 
-    /// Record that `n` positions were written after a successful forward.
-    pub fn advance(&mut self, seq: SeqId, n: usize) {
-        if let Some(t) = self.seqs.get_mut(&seq) {
-            t.len += n;
+    /// Record that `tokens` were written at the end of `seq` after a successful forward;
+    /// with prefix caching, index the blocks they filled.
+    pub fn advance(&mut self, seq: SeqId, tokens: &[u32]) {
+        let bs = self.capacity.block_size;
+        let Some(t) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        t.len += tokens.len();
+        let Some(prefix) = self.prefix.as_mut() else {
+            return;
+        };
+        t.tokens.extend_from_slice(tokens);
+        while t.hashes.len() < t.len / bs {
+            let i = t.hashes.len();
+            let parent = t.hashes.last().copied().unwrap_or(ROOT);
+            let chunk = &t.tokens[i * bs..(i + 1) * bs];
+            let h = chain_hash(parent, chunk);
+            prefix.insert(h, parent, chunk, t.blocks[i]);
+            t.hashes.push(h);
         }
     }
 
-    /// Return all of a sequence's blocks. Returns whether the sequence existed.
+    /// Give up all of a sequence's blocks (cached ones stay reusable). Returns whether the
+    /// sequence existed.
     pub fn free_seq(&mut self, seq: SeqId) -> bool {
         match self.seqs.remove(&seq) {
             Some(t) => {
-                self.free.extend(t.blocks.into_iter().rev());
+                for b in t.blocks.into_iter().rev() {
+                    self.release_block(b);
+                }
                 true
             }
             None => false,
@@ -159,29 +266,57 @@ impl BlockManager {
     }
 
     /// Drop positions beyond `len` (e.g. a token the policy decided to discard), returning
-    /// blocks that become empty.
-    pub fn truncate(&mut self, seq: SeqId, len: usize) {
+    /// blocks that become empty. A cached block that would be written again is taken out of
+    /// the index, or, when other sequences share it, given up too: the sequence then keeps
+    /// fewer positions than asked. Returns the positions kept.
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> usize {
         let bs = self.capacity.block_size;
-        if let Some(t) = self.seqs.get_mut(&seq) {
-            if len < t.len {
-                t.len = len;
-                let keep = len.div_ceil(bs);
-                while t.blocks.len() > keep {
-                    if let Some(b) = t.blocks.pop() {
-                        self.free.push(b);
+        let Some(t) = self.seqs.get_mut(&seq) else {
+            return 0;
+        };
+        if len >= t.len {
+            return t.len;
+        }
+        let mut len = len;
+        if let Some(prefix) = self.prefix.as_mut() {
+            if !len.is_multiple_of(bs) {
+                let b = t.blocks[len / bs];
+                if prefix.is_cached(b) {
+                    if self.refs[b as usize] > 1 {
+                        len -= len % bs;
+                    } else {
+                        prefix.remove(b);
                     }
                 }
             }
+            t.tokens.truncate(len);
+            t.hashes.truncate(len / bs);
         }
+        t.len = len;
+        let keep = len.div_ceil(bs);
+        let dropped: Vec<u32> = t.blocks.drain(keep.min(t.blocks.len())..).collect();
+        for b in dropped.into_iter().rev() {
+            self.release_block(b);
+        }
+        len
     }
 
     pub fn usage(&self) -> KvUsage {
+        let cached = self.prefix.as_ref().map_or(0, PrefixIndex::idle_blocks);
         KvUsage {
-            used_blocks: self.capacity.num_blocks - self.free.len(),
+            used_blocks: self.capacity.num_blocks - self.free.len() - cached,
             total_blocks: self.capacity.num_blocks,
             block_size: self.capacity.block_size,
             sequences: self.seqs.len(),
+            cached_blocks: cached,
         }
+    }
+
+    /// Prompt tokens looked up in the prefix cache and found there, since the start.
+    pub fn prefix_hits(&self) -> (u64, u64) {
+        self.prefix
+            .as_ref()
+            .map_or((0, 0), |p| (p.queried_tokens, p.hit_tokens))
     }
 
     pub fn sequences(&self) -> impl Iterator<Item = SeqId> + '_ {
@@ -226,7 +361,7 @@ mod tests {
         });
         m.reserve(&[(1, 5)]).unwrap();
         assert_eq!(m.usage().used_blocks, 2);
-        m.advance(1, 5);
+        m.advance(1, &[0; 5]);
         let err = m.reserve(&[(2, 4), (3, 1)]).unwrap_err();
         assert!(matches!(
             err,
@@ -239,7 +374,7 @@ mod tests {
         assert_eq!(m.usage().used_blocks, 2, "failed reserve must not allocate");
         m.reserve(&[(1, 3)]).unwrap();
         assert_eq!(m.usage().used_blocks, 2, "fits in the partly filled block");
-        m.advance(1, 3);
+        m.advance(1, &[0; 3]);
         m.reserve(&[(1, 1)]).unwrap();
         assert_eq!(m.usage().used_blocks, 3);
         assert!(m.free_seq(1));
@@ -255,7 +390,7 @@ mod tests {
         });
         m.reserve(&[(7, 1)]).unwrap();
         m.reserve(&[(8, 2)]).unwrap();
-        m.advance(7, 1);
+        m.advance(7, &[0]);
         m.reserve(&[(7, 2)]).unwrap();
         let t = m.table(7).unwrap();
         assert_eq!(t.blocks, vec![0, 2]);
@@ -271,9 +406,119 @@ mod tests {
             num_blocks: 4,
         });
         m.reserve(&[(1, 5)]).unwrap();
-        m.advance(1, 5);
+        m.advance(1, &[0; 5]);
         m.truncate(1, 2);
         assert_eq!(m.seq_len(1), Some(2));
         assert_eq!(m.usage().used_blocks, 1);
+    }
+
+    fn prefix_manager(blocks: usize) -> BlockManager {
+        BlockManager::with_prefix_cache(KvCapacity {
+            block_size: 2,
+            num_blocks: blocks,
+        })
+    }
+
+    /// Run `tokens` through `seq` as one step would: reuse what is cached, reserve, advance.
+    fn write(m: &mut BlockManager, seq: SeqId, tokens: &[u32]) -> usize {
+        let hit = m.attach_prefix(seq, tokens);
+        let have = m.seq_len(seq).unwrap_or(0);
+        m.reserve(&[(seq, tokens.len() - have)]).unwrap();
+        m.advance(seq, &tokens[have..]);
+        hit
+    }
+
+    #[test]
+    fn a_finished_prompt_is_reused_block_by_block() {
+        let mut m = prefix_manager(8);
+        assert_eq!(write(&mut m, 1, &[1, 2, 3, 4, 5]), 0, "nothing cached yet");
+        let first = m.table(1).unwrap().blocks.clone();
+        m.free_seq(1);
+        assert_eq!(m.usage().used_blocks, 0);
+        assert_eq!(
+            m.usage().cached_blocks,
+            2,
+            "the two full blocks stay, the partial one is freed"
+        );
+        // Same first block, different second: only the first is reused.
+        assert_eq!(write(&mut m, 2, &[1, 2, 3, 9, 5]), 2);
+        assert_eq!(m.table(2).unwrap().blocks[0], first[0]);
+        assert_ne!(m.table(2).unwrap().blocks[1], first[1]);
+        // The whole prompt cached: the last token is still computed (its logits are needed).
+        assert_eq!(write(&mut m, 3, &[1, 2, 3, 4]), 2);
+        assert_eq!(m.seq_len(3), Some(4));
+        assert_eq!(write(&mut m, 4, &[1, 2, 3, 4, 7]), 4);
+        // Sequence 3 recomputed [3, 4] into a block of its own, which stays private: the
+        // index keeps the first copy.
+        assert_eq!(m.table(4).unwrap().blocks[..2], first[..2]);
+        assert_eq!(m.prefix_hits(), (5 + 5 + 4 + 5, 2 + 2 + 4));
+    }
+
+    #[test]
+    fn shared_blocks_are_returned_by_their_last_holder() {
+        let mut m = prefix_manager(4);
+        write(&mut m, 1, &[1, 2, 3, 4, 5]);
+        write(&mut m, 2, &[1, 2, 3, 4, 6]);
+        assert_eq!(
+            m.usage().used_blocks,
+            4,
+            "two shared full blocks and two partial ones"
+        );
+        m.free_seq(1);
+        assert_eq!(
+            m.usage().used_blocks,
+            3,
+            "sequence 2 still holds the shared blocks"
+        );
+        m.free_seq(2);
+        assert_eq!(m.usage().used_blocks, 0);
+        assert_eq!(m.usage().cached_blocks, 2);
+    }
+
+    #[test]
+    fn cached_blocks_are_evicted_oldest_first_when_space_is_needed() {
+        let mut m = prefix_manager(3);
+        write(&mut m, 1, &[1, 2]);
+        m.free_seq(1);
+        write(&mut m, 2, &[3, 4]);
+        m.free_seq(2);
+        assert_eq!(m.usage().cached_blocks, 2);
+        // Two new blocks are needed and one is free: the oldest cached one goes.
+        write(&mut m, 3, &[5, 6, 7]);
+        assert_eq!(m.usage().cached_blocks, 1);
+        assert_eq!(m.attach_prefix(4, &[1, 2, 0]), 0, "evicted");
+        assert_eq!(m.attach_prefix(5, &[3, 4, 0]), 2, "kept");
+        let err = m.reserve(&[(6, 6)]).unwrap_err();
+        assert!(matches!(err, RuntimeError::OutOfBlocks { free: 0, .. }));
+    }
+
+    #[test]
+    fn truncating_into_a_cached_block_never_changes_what_others_read() {
+        let mut m = prefix_manager(6);
+        write(&mut m, 1, &[1, 2, 3, 4]);
+        write(&mut m, 2, &[1, 2, 3, 4, 5]);
+        // Block [3, 4] is shared by both: sequence 2 cannot keep 3 positions inside it.
+        assert_eq!(m.truncate(2, 3), 2);
+        assert_eq!(m.seq_len(2), Some(2));
+        write(&mut m, 2, &[1, 2, 8, 9]);
+        assert_eq!(m.attach_prefix(3, &[1, 2, 3, 4, 0]), 4, "[3, 4] is intact");
+        // Held by one sequence only: the block leaves the index and stays with its holder.
+        m.free_seq(3);
+        m.free_seq(2);
+        assert_eq!(m.truncate(1, 3), 3);
+        assert_eq!(m.attach_prefix(4, &[1, 2, 3, 4, 0]), 2);
+    }
+
+    #[test]
+    fn without_prefix_caching_nothing_is_kept() {
+        let mut m = BlockManager::new(KvCapacity {
+            block_size: 2,
+            num_blocks: 4,
+        });
+        write(&mut m, 1, &[1, 2, 3]);
+        m.free_seq(1);
+        assert_eq!(m.attach_prefix(2, &[1, 2, 3]), 0);
+        assert_eq!(m.usage().cached_blocks, 0);
+        assert_eq!(m.usage().used_blocks, 0);
     }
 }

@@ -16,6 +16,7 @@ mod kernel_options;
 mod kv;
 mod load;
 pub mod model;
+mod prefix_cache;
 pub mod runner;
 pub mod sampling;
 /// Synthetic test models written as HF directories or GGUF files (feature `synth`).

@@ -188,7 +188,11 @@ impl Runner {
     pub fn use_tensor_kv(&mut self) -> Result<()> {
         let cap = self.blocks.capacity();
         self.kv = Self::tensor_kv(&self.model, cap)?;
-        self.blocks = BlockManager::new(cap);
+        self.blocks = if self.blocks.prefix_caching() {
+            BlockManager::with_prefix_cache(cap)
+        } else {
+            BlockManager::new(cap)
+        };
         Ok(())
     }
 
@@ -245,9 +249,32 @@ impl Runner {
         self.blocks.free_seq(seq)
     }
 
-    /// Forget cached positions from `len` on (e.g. a discarded token).
-    pub fn truncate(&mut self, seq: SeqId, len: usize) {
+    /// Forget cached positions from `len` on (e.g. a discarded token). Returns the
+    /// positions kept: fewer than `len` when the block holding `len` is a shared cached
+    /// prefix (see `BlockManager::truncate`).
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> usize {
         self.blocks.truncate(seq, len)
+    }
+
+    /// Keep full KV blocks of finished sequences and reuse them for new sequences that start
+    /// with the same tokens (`prefix_cache.rs`). Drops what is cached now.
+    pub fn enable_prefix_cache(&mut self) {
+        self.blocks = BlockManager::with_prefix_cache(self.blocks.capacity());
+    }
+
+    pub fn prefix_caching(&self) -> bool {
+        self.blocks.prefix_caching()
+    }
+
+    /// For a sequence not cached yet that will hold `tokens`: reuse the cached blocks of its
+    /// longest cached prefix. Returns the positions now cached (0 without a hit).
+    pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        self.blocks.attach_prefix(seq, tokens)
+    }
+
+    /// (tokens looked up, tokens found) in the prefix cache since it was enabled.
+    pub fn prefix_hits(&self) -> (u64, u64) {
+        self.blocks.prefix_hits()
     }
 
     fn validate(&self, rows: &[Row]) -> Result<()> {
@@ -322,7 +349,7 @@ impl Runner {
             )?
         };
         for r in rows {
-            self.blocks.advance(r.seq, r.tokens.len());
+            self.blocks.advance(r.seq, &r.tokens);
         }
         Ok(StepOutput {
             logits: out.logits,

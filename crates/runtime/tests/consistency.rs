@@ -102,6 +102,29 @@ fn extend_by_k_equals_k_decodes_and_pause_resume() {
 }
 
 #[test]
+fn a_reused_prefix_gives_the_logits_of_recomputing_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fresh = hf(Arch::Qwen2, dir.path());
+    let mut cached = hf(Arch::Qwen2, dir.path());
+    cached.enable_prefix_cache();
+    let p = prompt(45, 4);
+    // An earlier request with the same 37-token start, finished.
+    step_last(&mut cached, vec![Row::new(1, p[..37].to_vec())]);
+    assert!(cached.free(1));
+    // The new request: whole blocks of the shared start are reused, the rest computed.
+    let hit = cached.attach_prefix(2, &p);
+    assert_eq!(hit, 32, "two full 16-token blocks");
+    let got = step_last(&mut cached, vec![Row::new(2, p[hit..].to_vec())]);
+    let want = step_last(&mut fresh, vec![Row::new(2, p.clone())]);
+    assert_close(&want[0], &got[0], "reused prefix vs recomputed");
+    // Decoding on continues from the same state.
+    let a = step_last(&mut cached, vec![Row::new(2, vec![7])]);
+    let b = step_last(&mut fresh, vec![Row::new(2, vec![7])]);
+    assert_close(&b[0], &a[0], "decode after a reused prefix");
+    assert_eq!(cached.prefix_hits(), (45, 32));
+}
+
+#[test]
 fn gguf_equals_safetensors_for_every_arch() {
     for arch in [Arch::Qwen3, Arch::Qwen2, Arch::Llama] {
         let dir = tempfile::tempdir().unwrap();

@@ -99,13 +99,16 @@ pub(crate) fn load_one(
         kernels: m.section.runtime,
     };
     tracing::info!(model = %m.name, path = %path.display(), "loading");
-    let lm = if m.section.random_weights {
+    let mut lm = if m.section.random_weights {
         // `model_path` is a config.json giving the shape; every model gets its own seed.
         load_random_model(&path, &opts, 1 + idx as u64)
     } else {
         load_model(&path, &opts)
     }
     .map_err(|e| err(e.to_string()))?;
+    if m.section.prefix_cache {
+        lm.runner.enable_prefix_cache();
+    }
     Ok(ConfigModel {
         name: m.name.clone(),
         path,

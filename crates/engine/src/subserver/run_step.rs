@@ -35,13 +35,24 @@ impl SubServer {
         let mut rows = Vec::with_capacity(self.running.len());
         let mut prefill = false;
         for r in &self.running {
-            let mut cached = self.runner.seq_len(r.rid).unwrap_or(0);
+            let mut cached = match self.runner.seq_len(r.rid) {
+                Some(n) => n,
+                None => {
+                    // First contact: a prompt (and answer so far) that starts like an earlier
+                    // request's reuses its cached blocks.
+                    prefill = true;
+                    if self.runner.prefix_caching() {
+                        self.runner.attach_prefix(r.rid, &r.tokens_from(0))
+                    } else {
+                        0
+                    }
+                }
+            };
             prefill |= cached == 0;
             if cached >= r.total_len() {
                 // Everything is cached (the sender dropped the token after ours): recompute
-                // the last position to get its logits.
-                cached = r.total_len() - 1;
-                self.runner.truncate(r.rid, cached);
+                // the last position to get its logits (or more, when that block is shared).
+                cached = self.runner.truncate(r.rid, r.total_len() - 1);
             }
             rows.push(Row::new(r.rid, r.tokens_from(cached)));
         }
