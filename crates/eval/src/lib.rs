@@ -84,6 +84,10 @@ pub struct EvalArgs {
     /// A server running the `random` method: random routing at each measured LLM share.
     #[arg(long)]
     pub random_url: Option<String>,
+    /// The LLM shares to run random routing at (default: the share each routed variant of
+    /// this run measured). For controls matched to routed points of an earlier run.
+    #[arg(long, value_delimiter = ',')]
+    pub random_shares: Option<Vec<f64>>,
     /// Model name on the random server (default: as `--model`).
     #[arg(long)]
     pub random_model: Option<String>,
@@ -250,7 +254,8 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
             }
         }
     }
-    if variants.is_empty() {
+    let random_planned = wanted("random") && args.random_url.is_some();
+    if variants.is_empty() && !random_planned {
         return Err(EvalError::Args("nothing to run: no variant applies".into()));
     }
     let ctx = RunContext {
@@ -300,14 +305,7 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
             .clone()
             .or_else(|| routed_name.clone())
             .ok_or_else(|| EvalError::Args("--random-model is needed".into()))?;
-        let shares: Vec<f64> = log
-            .summaries
-            .iter()
-            .filter(|s: &&VariantSummary| s.role == Role::Routed)
-            .filter_map(|s| s.llm_share)
-            .map(|s| (s * 1000.0).round() / 1000.0)
-            .collect();
-        for p in shares {
+        for p in random_shares(args.random_shares.as_deref(), &log.summaries)? {
             let v = Variant {
                 name: format!("random p={p}"),
                 role: Role::Random,
@@ -320,6 +318,28 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
     }
     let outcome = finish(&args, &log.runs, log.summaries, target.as_ref(), started)?;
     Ok(outcome)
+}
+
+/// Where random routing runs: the shares asked for, else each routed variant's measured
+/// share (rounded to 0.1%, which is all a 164-problem run can tell apart).
+fn random_shares(
+    asked: Option<&[f64]>,
+    summaries: &[VariantSummary],
+) -> Result<Vec<f64>, EvalError> {
+    if let Some(list) = asked {
+        if let Some(bad) = list.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+            return Err(EvalError::Args(format!(
+                "--random-shares: {bad} is not a share in [0, 1]"
+            )));
+        }
+        return Ok(list.to_vec());
+    }
+    Ok(summaries
+        .iter()
+        .filter(|s| s.role == Role::Routed)
+        .filter_map(|s| s.llm_share)
+        .map(|s| (s * 1000.0).round() / 1000.0)
+        .collect())
 }
 
 fn pinned_variant(name: &str, role: Role, url: &str, model: &str) -> Variant {
@@ -490,5 +510,20 @@ mod tests {
         let p = parse_params(&["quick=0.5e9".into(), "reference=1.5e9".into()]).unwrap();
         assert_eq!(p["reference"], 1.5e9);
         assert!(parse_params(&["quick".into()]).is_err());
+    }
+
+    #[test]
+    fn random_shares_default_to_the_routed_points_or_take_the_list() {
+        let both = [
+            report::test_row("small", Role::Small, 0.5, 0.0),
+            report::test_row("routed threshold=0.05", Role::Routed, 0.6, 0.08712),
+        ];
+        assert_eq!(random_shares(None, &both).unwrap(), vec![0.087]);
+        assert_eq!(
+            random_shares(Some(&[0.131, 0.002]), &both).unwrap(),
+            vec![0.131, 0.002]
+        );
+        let e = random_shares(Some(&[1.5]), &both).unwrap_err();
+        assert!(e.to_string().contains("--random-shares"), "{e}");
     }
 }

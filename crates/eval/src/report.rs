@@ -411,32 +411,38 @@ pub fn calibrate<'a>(
         .ok_or_else(|| "no sweep point meets the target; widen the sweep".to_string())
 }
 
+/// A summary row for tests elsewhere in the crate (10 problems, one `threshold` knob).
+#[cfg(test)]
+pub(crate) fn test_row(variant: &str, role: Role, pass: f64, share: f64) -> VariantSummary {
+    VariantSummary {
+        variant: variant.into(),
+        role,
+        model: "m".into(),
+        url: "u".into(),
+        routing: [("threshold".to_string(), 0.1)].into(),
+        n: 10,
+        passed: (pass * 10.0) as usize,
+        pass_at_1: pass,
+        ci95: [0.0, 1.0],
+        llm_share: Some(share),
+        avg_params_per_token: None,
+        switches_per_100_tokens: None,
+        output_tokens: 0,
+        wall_s: 1.0,
+        output_tok_s: 0.0,
+        time_vs_large: None,
+        truncated: 0,
+        no_code: 0,
+        errors: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn row(variant: &str, role: Role, pass: f64, share: f64) -> VariantSummary {
-        VariantSummary {
-            variant: variant.into(),
-            role,
-            model: "m".into(),
-            url: "u".into(),
-            routing: [("threshold".to_string(), 0.1)].into(),
-            n: 10,
-            passed: (pass * 10.0) as usize,
-            pass_at_1: pass,
-            ci95: [0.0, 1.0],
-            llm_share: Some(share),
-            avg_params_per_token: None,
-            switches_per_100_tokens: None,
-            output_tokens: 0,
-            wall_s: 1.0,
-            output_tok_s: 0.0,
-            time_vs_large: None,
-            truncated: 0,
-            no_code: 0,
-            errors: 0,
-        }
+        test_row(variant, role, pass, share)
     }
 
     #[test]
