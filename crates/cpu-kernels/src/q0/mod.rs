@@ -250,23 +250,18 @@ struct QuantizedLhs {
 
 /// Activation tiles as the 512-bit kernel reads them: for tile t, block b and row pair p
 /// (rows 2p, 2p+1 of the tile, padded with its first row) at index `(t * kb + b) * 4 + p`,
-/// the two rows' 32 values (64 bytes) and their two scales, each eight times (16 f32).
-/// Against Q8_0 weights the values are stored plus 128 (as u8, the unsigned operand);
-/// against Q5_0 they stay signed, and `ystart` holds -16 times each lane's sum of four.
+/// the two rows' 32 values plus 128 as u8 (64 bytes), and their two scales, each eight
+/// times (16 f32).
 struct RowPairs {
-    y: Vec<u8>,
+    ybias: Vec<u8>,
     dpair: Vec<f32>,
-    /// Q5_0 only: per index, 16 i32 lanes (eight per row) of `-16 * (y[4l] + .. + y[4l+3])`,
-    /// where the kernel's integer dot products start: the weights enter as unsigned
-    /// `x + 16`, and `(x + 16) . y - 16 * sum(y) = x . y`.
-    ystart: Vec<i32>,
 }
 
 impl QuantizedLhs {
     /// `x` quantised, with what `kernel` reads besides: the 512-bit row pairs for a batch
     /// on `Avx512Vnni` (where the CPU runs them), and the x86 kernels' `sums16` for the
     /// tiles that run without them.
-    fn new(x: &[f32], m: usize, k: usize, kernel: Kernel, format: Format) -> Self {
+    fn new(x: &[f32], m: usize, k: usize, kernel: Kernel) -> Self {
         let kb = k / QK;
         let mut blocks = vec![BlockQ8_0::zeros(); m * kb];
         let mut scales = vec![0f32; m * kb];
@@ -294,9 +289,8 @@ impl QuantizedLhs {
         let use_pairs = m > 1 && kernel == Kernel::Avx512Vnni && pairs_kernel_available();
         let pairs = use_pairs.then(|| {
             let tiles = m.div_ceil(TILE);
-            let signed = format == Format::Q5_0;
-            let (mut y, mut dpair) = (vec![0u8; tiles * kb * 4 * 64], vec![0f32; tiles * kb * 64]);
-            let mut ystart = vec![0i32; if signed { tiles * kb * 64 } else { 0 }];
+            let (mut ybias, mut dpair) =
+                (vec![0u8; tiles * kb * 4 * 64], vec![0f32; tiles * kb * 64]);
             let bytes = as_bytes(&blocks);
             for t in 0..tiles {
                 let row = |i: usize| {
@@ -312,22 +306,18 @@ impl QuantizedLhs {
                         for h in 0..2 {
                             let r = row(2 * p + h);
                             let blk = &bytes[(r * kb + b) * Q8_BYTES..(r * kb + b + 1) * Q8_BYTES];
-                            let half = at * 64 + 32 * h..at * 64 + 32 * h + 32;
-                            for (o, &v) in y[half].iter_mut().zip(&blk[2..]) {
-                                *o = if signed { v } else { v ^ 0x80 };
-                            }
-                            if signed {
-                                for (l, q) in blk[2..].chunks_exact(4).enumerate() {
-                                    let sum: i32 = q.iter().map(|&v| v as i8 as i32).sum();
-                                    ystart[at * 16 + 8 * h + l] = -16 * sum;
-                                }
+                            for (o, &v) in ybias[at * 64 + 32 * h..at * 64 + 32 * h + 32]
+                                .iter_mut()
+                                .zip(&blk[2..])
+                            {
+                                *o = v ^ 0x80;
                             }
                             dpair[at * 16 + 8 * h..at * 16 + 8 * h + 8].fill(scales[r * kb + b]);
                         }
                     }
                 }
             }
-            RowPairs { y, dpair, ystart }
+            RowPairs { ybias, dpair }
         });
         // The x86 single-row kernel (`dot_weights`: decode, or a last tile of one row) reads
         // `sums16`; the batch tiles read the row pairs when they exist.
@@ -354,20 +344,14 @@ impl QuantizedLhs {
         }
     }
 
-    /// Tile `start / TILE`'s row pairs (`y`, `dpair`, `ystart` — empty for Q8_0), when made.
+    /// Tile `start / TILE`'s row pairs (`ybias`, `dpair`), when made.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn tile_pairs(&self, start: usize) -> Option<(&[u8], &[f32], &[i32])> {
+    fn tile_pairs(&self, start: usize) -> Option<(&[u8], &[f32])> {
         let p = self.pairs.as_ref()?;
         let (t, kb) = (start / TILE, self.kb);
-        let ystart = if p.ystart.is_empty() {
-            &p.ystart[..]
-        } else {
-            &p.ystart[t * kb * 64..(t + 1) * kb * 64]
-        };
         Some((
-            &p.y[t * kb * 256..(t + 1) * kb * 256],
+            &p.ybias[t * kb * 256..(t + 1) * kb * 256],
             &p.dpair[t * kb * 64..(t + 1) * kb * 64],
-            ystart,
         ))
     }
 
@@ -465,7 +449,7 @@ pub fn matmul(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let lhs = QuantizedLhs::new(x, m, k, kernel, format);
+    let lhs = QuantizedLhs::new(x, m, k, kernel);
     let tiles = tiles(m);
     let nt = tiles.len();
     let groups = n.div_ceil(TILE);
@@ -532,9 +516,9 @@ fn dot_acts(
         unsafe { f(format, ws, &acts, &sums, lhs.tile_scales(tile.start), dots) }
     };
     #[cfg(target_arch = "x86_64")]
-    if let (Some((y, dpair, ystart)), Kernel::Avx512Vnni) = (lhs.tile_pairs(tile.start), kernel) {
+    if let (Some((ybias, dpair)), Kernel::Avx512Vnni) = (lhs.tile_pairs(tile.start), kernel) {
         // SAFETY: the pairs are made only when the CPU runs this kernel; it checks lengths.
-        unsafe { x86::dot_acts_pairs(format, ws, y, dpair, ystart, dots) };
+        unsafe { x86::dot_acts_pairs(format, ws, ybias, dpair, dots) };
         return;
     }
     match kernel {

@@ -38,12 +38,10 @@ unsafe fn hsum8(v: __m256) -> f32 {
 }
 
 /// Weight rows `ws` (at most eight) against a tile of eight activation rows given as
-/// [`super::RowPairs`] (`y`: per block and row pair the two rows' values, `dpair`: their
-/// scales, each eight times; Q5_0 also `ystart`). `dots[i]` gets weight row i's eight
+/// [`super::RowPairs`] (`ybias`: per block and row pair the two rows' values plus 128 as
+/// u8, `dpair`: their scales, each eight times). `dots[i]` gets weight row i's eight
 /// products, the same lanes, steps and sums as `dot_acts`: 512-bit integer dot products
-/// compute two activation rows at once. Q8_0: `(y + 128) . x` starting from `-128 *
-/// sum(x)`; Q5_0: the decoded `x + 16` (unsigned) times the signed `y`, starting from
-/// `-16 * sum(y)` (made with the activations, so nothing per weight block but the decode).
+/// compute two activation rows at once, `(y + 128) . x` starting from `-128 * sum(x)`.
 ///
 /// # Safety
 /// The CPU must support AVX512F, AVX512BW, AVX512-VNNI, AVX2, FMA and F16C.
@@ -51,16 +49,13 @@ unsafe fn hsum8(v: __m256) -> f32 {
 pub(super) unsafe fn dot_acts_pairs(
     format: Format,
     ws: &[&[u8]],
-    y: &[u8],
+    ybias: &[u8],
     dpair: &[f32],
-    ystart: &[i32],
     dots: &mut [[f32; TILE]; TILE],
 ) {
     let kb = dpair.len() / (TILE * TILE);
     // Real checks: the loops read kb blocks of every row through raw pointers.
-    assert!(y.len() == kb * 4 * 64 && dpair.len() == kb * 4 * 16 && ws.len() <= TILE);
-    let q5 = format == Format::Q5_0;
-    assert!(ystart.len() == if q5 { kb * 4 * 16 } else { 0 });
+    assert!(ybias.len() == kb * 4 * 64 && dpair.len() == kb * 4 * 16 && ws.len() <= TILE);
     let wbytes = format.block_bytes();
     let ones = _mm512_set1_epi8(1);
     let zero = _mm512_setzero_si512();
@@ -69,33 +64,24 @@ pub(super) unsafe fn dot_acts_pairs(
         let mut acc = [_mm512_setzero_ps(); 4];
         for b in 0..kb {
             let wb = w.as_ptr().add(b * wbytes);
+            let x = _mm512_broadcast_i64x4(match format {
+                Format::Q5_0 => _mm256_sub_epi8(decode(wb), _mm256_set1_epi8(16)),
+                Format::Q8_0 => _mm256_loadu_si256(wb.add(2) as *const __m256i),
+            });
+            // -128 times each lane's weight sum: (y + 128) . x - 128 * sum(x) = y . x.
+            let start = _mm512_sub_epi32(
+                zero,
+                _mm512_slli_epi32::<7>(_mm512_dpbusd_epi32(zero, ones, x)),
+            );
             let dw = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(
                 std::ptr::read_unaligned(wb as *const i16),
             ))));
-            if q5 {
-                let xu = _mm512_broadcast_i64x4(decode(wb));
-                for (p, acc) in acc.iter_mut().enumerate() {
-                    let at = b * 4 + p;
-                    let yv = _mm512_loadu_si512(y.as_ptr().add(at * 64) as *const _);
-                    let start = _mm512_loadu_si512(ystart.as_ptr().add(at * 16) as *const _);
-                    let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, xu, yv));
-                    let d = _mm512_mul_ps(dw, _mm512_loadu_ps(dpair.as_ptr().add(at * 16)));
-                    *acc = _mm512_fmadd_ps(d, lanes, *acc);
-                }
-            } else {
-                let x = _mm512_broadcast_i64x4(_mm256_loadu_si256(wb.add(2) as *const __m256i));
-                // -128 times each lane's weight sum: (y + 128) . x - 128 * sum(x) = y . x.
-                let start = _mm512_sub_epi32(
-                    zero,
-                    _mm512_slli_epi32::<7>(_mm512_dpbusd_epi32(zero, ones, x)),
-                );
-                for (p, acc) in acc.iter_mut().enumerate() {
-                    let at = b * 4 + p;
-                    let yv = _mm512_loadu_si512(y.as_ptr().add(at * 64) as *const _);
-                    let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, yv, x));
-                    let d = _mm512_mul_ps(dw, _mm512_loadu_ps(dpair.as_ptr().add(at * 16)));
-                    *acc = _mm512_fmadd_ps(d, lanes, *acc);
-                }
+            for (p, acc) in acc.iter_mut().enumerate() {
+                let at = b * 4 + p;
+                let y = _mm512_loadu_si512(ybias.as_ptr().add(at * 64) as *const _);
+                let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, y, x));
+                let d = _mm512_mul_ps(dw, _mm512_loadu_ps(dpair.as_ptr().add(at * 16)));
+                *acc = _mm512_fmadd_ps(d, lanes, *acc);
             }
         }
         for (p, acc) in acc.iter().enumerate() {

@@ -75,43 +75,23 @@ pub(super) mod avx512 {
                         isum_b[i] = _mm512_dpbusd_epi32(isum_b[i], hi_b, bcast4(y, gb * 8 + 4));
                     }
                 }
-                let (sc_a, sc_b) = (wide_i32(&tile.sc[sa]), wide_i32(&tile.sc[sb]));
-                let (mn_a, mn_b) = (wide_i32(&tile.mn[sa]), wide_i32(&tile.mn[sb]));
+                for (sub, isum) in [(sa, &isum_a), (sb, &isum_b)] {
+                    let (sc, mn) = (wide_i32(&tile.sc[sub]), wide_i32(&tile.mn[sub]));
+                    for i in 0..M {
+                        iblk[i] = _mm512_add_epi32(iblk[i], _mm512_mullo_epi32(isum[i], sc));
+                        let s = _mm512_set1_epi32(bsum(q[i], sub));
+                        imin[i] = _mm512_add_epi32(imin[i], _mm512_mullo_epi32(mn, s));
+                    }
+                }
+                // llama.cpp's gemm rows add every 64 values, its gemv rows every block.
                 for i in 0..M {
-                    // min * bsum as an i16 product: the min (<= 63) in each lane's low
-                    // half, zero above; the sub-block's activation sum (|.| <= 32 * 128)
-                    // in the broadcast's low half. `vpdpwssd` adds it in one step where
-                    // `vpmulld` + `vpaddd` took three.
-                    let s_a = _mm512_set1_epi32(bsum(q[i], sa));
-                    let s_b = _mm512_set1_epi32(bsum(q[i], sb));
-                    imin[i] = _mm512_dpwssd_epi32(imin[i], mn_a, s_a);
-                    imin[i] = _mm512_dpwssd_epi32(imin[i], mn_b, s_b);
-                    let dall = _mm512_set1_ps(std::ptr::read_unaligned(q[i] as *const f32));
-                    if gemm[i] {
-                        // llama.cpp's gemm rows add every 64 values. Their scaled sum in
-                        // f32 is exact: |isum| <= 32 * 15 * 128 = 61440, times a scale
-                        // <= 63 is below 2^22, two of them below 2^23 — the same value
-                        // as converting the i32 sum, without the slow `vpmulld`.
-                        let f = _mm512_fmadd_ps(
-                            _mm512_cvtepi32_ps(isum_b[i]),
-                            _mm512_cvtepi32_ps(sc_b),
-                            _mm512_mul_ps(_mm512_cvtepi32_ps(isum_a[i]), _mm512_cvtepi32_ps(sc_a)),
-                        );
+                    if gemm[i] || sub2 == 3 {
+                        let dall = _mm512_set1_ps(std::ptr::read_unaligned(q[i] as *const f32));
+                        let (f, fm) = (_mm512_cvtepi32_ps(iblk[i]), _mm512_cvtepi32_ps(imin[i]));
                         acc[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(d, dall), acc[i]);
-                        let fm = _mm512_cvtepi32_ps(imin[i]);
                         acc_min[i] = _mm512_fmadd_ps(fm, _mm512_mul_ps(dmin, dall), acc_min[i]);
+                        iblk[i] = _mm512_setzero_si512();
                         imin[i] = _mm512_setzero_si512();
-                    } else {
-                        // Its gemv rows add once a block: the i32 sum of eight sub-blocks
-                        // can pass 2^24, so it stays an integer until then.
-                        iblk[i] = _mm512_add_epi32(iblk[i], _mm512_mullo_epi32(isum_a[i], sc_a));
-                        iblk[i] = _mm512_add_epi32(iblk[i], _mm512_mullo_epi32(isum_b[i], sc_b));
-                        if sub2 == 3 {
-                            let f = _mm512_cvtepi32_ps(iblk[i]);
-                            let fm = _mm512_cvtepi32_ps(imin[i]);
-                            acc[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(d, dall), acc[i]);
-                            acc_min[i] = _mm512_fmadd_ps(fm, _mm512_mul_ps(dmin, dall), acc_min[i]);
-                        }
                     }
                 }
             }
