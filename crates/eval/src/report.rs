@@ -439,11 +439,8 @@ pub(crate) fn test_row(variant: &str, role: Role, pass: f64, share: f64) -> Vari
 
 #[cfg(test)]
 mod tests {
+    use super::test_row as row;
     use super::*;
-
-    fn row(variant: &str, role: Role, pass: f64, share: f64) -> VariantSummary {
-        test_row(variant, role, pass, share)
-    }
 
     #[test]
     fn targets_parse_and_pick_the_cheapest_or_best_point() {

@@ -106,7 +106,7 @@ fn extreme_values() {
     let w = Tensor::from_vec(wv, (n, k), &Device::Cpu).unwrap();
     let w = QMatMul::from_arc(Arc::new(QTensor::quantize(&w, GgmlDType::Q4K).unwrap())).unwrap();
     // Mixed signs; and every activation equal, which quantizes to -128 everywhere, so the
-    // sub-block sums reach their bound (the f32 path of the gemm rows must stay exact).
+    // sub-block sums reach their bound (|32 * 15 * 128|): no integer step may overflow.
     let mixed: Vec<f32> = (0..m * k)
         .map(|i| if i % 3 == 0 { 100.0 } else { -1.0 })
         .collect();
