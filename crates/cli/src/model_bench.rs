@@ -119,7 +119,7 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
     }
     let loc = tokenrouter_fetch::resolve_model(a.model.as_deref().unwrap_or_default())?;
     // Sequences are freed between measurements: the cache holds the largest one at a time
-    // (peak memory is reported, so no more than that).
+    // (peak memory is reported, so no more than that), each sequence rounded up to blocks.
     let long = (a.long_context > 0).then_some(a.long_context + a.long_decode_tokens);
     let kv = [
         a.batch * (a.prompt_tokens + a.decode_tokens),
@@ -130,7 +130,8 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
     .into_iter()
     .max()
     .unwrap_or(0)
-        + 64;
+        // Each sequence rounds up to whole KV blocks (at most 64 tokens of slack apiece).
+        + 64 * a.batch.max(1);
     let mut m = load_model(
         loc.path(),
         &LoadOptions {

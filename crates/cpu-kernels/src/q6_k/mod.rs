@@ -203,6 +203,16 @@ fn matvec(
     let lhs = as_bytes(&lhs);
     let row_bytes = kb * Q6K_BYTES;
     let out_ptr = SharedMut(out.as_mut_ptr());
+    // Enough rows of the tiled rounding: those through weights unpacked once for all.
+    let tiled_rows: Vec<usize> = (0..m).filter(|&a| tiled[a]).collect();
+    let via_tiles = kernel != Kernel::Scalar && tiled_rows.len() >= tiled::MIN_ROWS;
+    if via_tiles {
+        tiled::matmul(kernel, w, n, kb, lhs, &tiled_rows, out_ptr);
+        if tiled_rows.len() == m {
+            return Ok(());
+        }
+    }
+    let skip = |a: usize| via_tiles && tiled[a];
     par_chunks(n.div_ceil(ROWS), m * n * kb * 8, |groups| {
         for g in groups {
             let rows = g * ROWS..n.min((g + 1) * ROWS);
@@ -214,9 +224,15 @@ fn matvec(
             let q = |a: usize| &lhs[a * kb * Q8K_BYTES..(a + 1) * kb * Q8K_BYTES];
             let mut a = 0;
             while a < m {
+                if skip(a) {
+                    a += 1;
+                    continue;
+                }
                 // Up to four consecutive activation rows of the same rounding at once.
                 let t = tiled[a];
-                let run = (a..m.min(a + 4)).take_while(|&i| tiled[i] == t).count();
+                let run = (a..m.min(a + 4))
+                    .take_while(|&i| tiled[i] == t && !skip(i))
+                    .count();
                 // Four, two or one rows through a SIMD kernel module's `dot`.
                 macro_rules! simd_rows {
                     ($m:ident) => {
@@ -325,6 +341,7 @@ fn dot_scalar(w: &[u8], q: &[u8], tiled: bool) -> f32 {
     hsum8(acc)
 }
 
+mod tiled;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]

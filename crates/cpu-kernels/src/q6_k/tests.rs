@@ -29,8 +29,9 @@ fn simd_matches_scalar_and_is_close_to_candle() {
         (6, 256),
     ] {
         let w = q6k_weight(n, k, (n * 17 + k) as u64);
-        // One row, a few (the vec_dot arithmetic), eight and more (the tiled one).
-        for m in [1, 3, 8, 9] {
+        // One row, a few (the vec_dot arithmetic), eight and more (the tiled one), enough
+        // for the unpacked tiles.
+        for m in [1, 3, 8, 9, 40] {
             let x = Tensor::from_vec(values(m * k, n as u64), (m, k), &Device::Cpu).unwrap();
             let seqs = Some(&[m][..]);
             let scalar = Q6kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
@@ -46,6 +47,47 @@ fn simd_matches_scalar_and_is_close_to_candle() {
                 "[{m}x{k}] x [{n}x{k}]^T: rel diff {d} from candle"
             );
         }
+    }
+}
+
+/// The unpacked-tile path (every kernel, its scalar loop included) gives the row kernels'
+/// tiled results bit for bit: a row count that is not a multiple of 16 (the last tile
+/// repeats a row), a sequence long enough for tiles beside short ones in the same call.
+#[test]
+fn unpacked_tiles_equal_the_row_kernels() {
+    let (n, k) = (40, 768);
+    let w = q6k_weight(n, k, 11);
+    let data = match &w {
+        QMatMul::QTensor(t) => t.data().unwrap(),
+        _ => unreachable!("quantized"),
+    };
+    let m = 37;
+    let x = values(m * k, 7);
+    let mut want = vec![0f32; m * n];
+    matvec(Kernel::Scalar, &data, n, k, &x, &mut want, &[true; 37]).unwrap();
+    let kb = k / QK_K;
+    let mut lhs = vec![BlockQ8K::zeros(); m * kb];
+    for (xr, blocks) in x.chunks_exact(k).zip(lhs.chunks_exact_mut(kb)) {
+        crate::act_quant::quantize_q8k(xr, blocks);
+    }
+    let rows: Vec<usize> = (0..m).collect();
+    for kernel in kernels() {
+        let mut got = vec![0f32; m * n];
+        let out = SharedMut(got.as_mut_ptr());
+        tiled::matmul(kernel, &data, n, kb, as_bytes(&lhs), &rows, out);
+        assert!(got == want, "{kernel:?}");
+    }
+    // 33 rows of one sequence (tiles) and 4 of others (rows), in one call.
+    let xt = Tensor::from_vec(x, (m, k), &Device::Cpu).unwrap();
+    let seqs = [2, 33, 1, 1];
+    let scalar = Q6kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
+    let want = flat(scalar.forward(&xt, Some(&seqs)).unwrap());
+    for kernel in kernels().into_iter().skip(1) {
+        let q = Q6kMatmul::with_kernel(&w, kernel).unwrap();
+        assert!(
+            flat(q.forward(&xt, Some(&seqs)).unwrap()) == want,
+            "{kernel:?}"
+        );
     }
 }
 
@@ -110,9 +152,9 @@ fn extreme_values() {
 #[test]
 #[ignore]
 fn speed() {
-    for (n, k) in [(1536, 8960), (151936, 896)] {
+    for (n, k) in [(1536, 8960), (8960, 1536), (151936, 1536)] {
         let w = q6k_weight(n, k, 1);
-        for m in [1, 4, 64, 512] {
+        for m in [1, 4, 8, 32, 64, 512] {
             if n * m > 1 << 24 {
                 continue;
             }

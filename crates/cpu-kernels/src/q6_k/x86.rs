@@ -70,13 +70,17 @@ pub(super) mod avx512 {
         let shl = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
         let shr = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
         let mut acc = [[_mm256_setzero_ps(); ROWS]; A];
-        for b in 0..kb {
-            let pre = ahead.wrapping_add(b * ROWS * Q6K_BYTES);
-            for line in 0..(ROWS * Q6K_BYTES).div_ceil(64) {
+        // Row by row, each read front to back (a single-row decode of the 1.5B's output
+        // matrix streamed 2.5x faster than block by block across the eight rows), the next
+        // group's row r prefetched meanwhile. Every (weight row, activation row) pair still
+        // adds its blocks in order.
+        for r in 0..ROWS {
+            let pre = ahead.wrapping_add(r * kb * Q6K_BYTES);
+            for line in 0..(kb * Q6K_BYTES).div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T0>(pre.wrapping_add(64 * line) as *const i8);
             }
-            let ys: [*const u8; A] = std::array::from_fn(|a| qs[a].as_ptr().add(b * Q8K_BYTES));
-            for r in 0..ROWS {
+            for b in 0..kb {
+                let ys: [*const u8; A] = std::array::from_fn(|a| qs[a].as_ptr().add(b * Q8K_BYTES));
                 let blk = wp[r].add(b * Q6K_BYTES);
                 let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
                 // Chunk pair p (values 64p..64p+64): the stored values (weights plus 32) and
@@ -161,13 +165,17 @@ pub(super) mod avx2 {
         let m4 = _mm256_set1_epi8(0x0f);
         let m30 = _mm256_set1_epi8(0x30);
         let mut acc = [[_mm256_setzero_ps(); ROWS]; A];
-        for b in 0..kb {
-            let pre = ahead.wrapping_add(b * ROWS * Q6K_BYTES);
-            for line in 0..(ROWS * Q6K_BYTES).div_ceil(64) {
+        // Row by row, each read front to back (a single-row decode of the 1.5B's output
+        // matrix streamed 2.5x faster than block by block across the eight rows), the next
+        // group's row r prefetched meanwhile. Every (weight row, activation row) pair still
+        // adds its blocks in order.
+        for r in 0..ROWS {
+            let pre = ahead.wrapping_add(r * kb * Q6K_BYTES);
+            for line in 0..(kb * Q6K_BYTES).div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T0>(pre.wrapping_add(64 * line) as *const i8);
             }
-            let ys: [*const u8; A] = std::array::from_fn(|a| qs[a].as_ptr().add(b * Q8K_BYTES));
-            for r in 0..ROWS {
+            for b in 0..kb {
+                let ys: [*const u8; A] = std::array::from_fn(|a| qs[a].as_ptr().add(b * Q8K_BYTES));
                 let blk = wp[r].add(b * Q6K_BYTES);
                 let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
                 let mut sumi = [_mm256_setzero_si256(); A];
