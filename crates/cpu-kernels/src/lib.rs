@@ -5,8 +5,9 @@
 //!   scales as f32, a third more bytes than the GGUF blocks; decode reads all weights once per
 //!   token, so it pays that in memory bandwidth. Ours packs the same tiles with the compact
 //!   scales and does the same arithmetic).
-//! - [`q6_k`]: Q6_K x Q8_K for single rows (decode), where candle runs its AVX2 dot product
-//!   one weight row at a time.
+//! - [`q6_k`]: Q6_K x Q8_K with llama.cpp's per-sequence rounding: single rows (decode,
+//!   where candle runs its AVX2 dot product one weight row at a time) and prefills (weights
+//!   unpacked once into 16-row tiles).
 //!
 //! The runtime's `Linear` asks [`CpuMatmul::new`] for each weight; `None` leaves it to
 //! candle. This crate depends on nothing of ours and holds most of the project's `unsafe`

@@ -13,6 +13,9 @@
 //!
 //! Several activation rows go through the same kernel one row at a time, so every row gets
 //! the arithmetic it gets alone (candle's repacked tiles for several rows round otherwise).
+//! Rows of sequences of eight and more round like llama.cpp's tiled kernel (one exact integer
+//! sum per block); when a call has at least `tiled::MIN_ROWS` of them they go through
+//! weights unpacked once into 16-row tiles (`tiled.rs`), three times faster in a prefill.
 
 use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
