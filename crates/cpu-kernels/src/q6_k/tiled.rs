@@ -245,10 +245,11 @@ mod x86 {
         for a in acts {
             assert!(a.len() == kb * Q8K_BYTES);
         }
-        let mut acc = [[_mm256_setzero_ps(); 2]; M];
+        // Per half tile (eight rows), per activation row.
+        let mut acc = [[_mm256_setzero_ps(); M]; 2];
         for (b, tile) in tiles.iter().enumerate() {
             let y: [*const u8; M] = std::array::from_fn(|i| acts[i].as_ptr().add(b * Q8K_BYTES));
-            for h in 0..2 {
+            for (h, acc) in acc.iter_mut().enumerate() {
                 let mut isum = [_mm256_setzero_si256(); M];
                 let mut corr = [_mm256_setzero_si256(); M];
                 for j in 0..16 {
@@ -280,14 +281,14 @@ mod x86 {
                     let t = _mm256_sub_epi32(isum[i], _mm256_slli_epi32::<5>(corr[i]));
                     let dy = _mm256_set1_ps(std::ptr::read_unaligned(y[i] as *const f32));
                     let dw = _mm256_mul_ps(d, _mm256_cvtepi32_ps(t));
-                    acc[i][h] = _mm256_fmadd_ps(dw, dy, acc[i][h]);
+                    acc[i] = _mm256_fmadd_ps(dw, dy, acc[i]);
                 }
             }
         }
         let mut out = [[0f32; TILE_N]; MT];
         for i in 0..M {
-            _mm256_storeu_ps(out[i].as_mut_ptr(), acc[i][0]);
-            _mm256_storeu_ps(out[i].as_mut_ptr().add(8), acc[i][1]);
+            _mm256_storeu_ps(out[i].as_mut_ptr(), acc[0][i]);
+            _mm256_storeu_ps(out[i].as_mut_ptr().add(8), acc[1][i]);
         }
         out
     }
