@@ -225,6 +225,13 @@ fn matvec(
                 &w[r * row_bytes..(r + 1) * row_bytes]
             });
             let q = |a: usize| &lhs[a * kb * Q8K_BYTES..(a + 1) * kb * Q8K_BYTES];
+            // Activation rows a..a+N (the caller checked they exist).
+            fn rows_at_n<'l, const N: usize>(
+                q: &impl Fn(usize) -> &'l [u8],
+                a: usize,
+            ) -> [&'l [u8]; N] {
+                std::array::from_fn(|i| q(a + i))
+            }
             let mut a = 0;
             while a < m {
                 if skip(a) {
@@ -233,25 +240,22 @@ fn matvec(
                 }
                 // Up to four consecutive activation rows of the same rounding at once.
                 let t = tiled[a];
-                let run = (a..m.min(a + 4))
+                let run = (a..m.min(a + 8))
                     .take_while(|&i| tiled[i] == t && !skip(i))
                     .count();
-                // Four, two or one rows through a SIMD kernel module's `dot`.
+                // Eight, four, two or one rows through a SIMD kernel module's `dot` (a
+                // batch of eight decode rows unpacks each weight block once).
                 macro_rules! simd_rows {
                     ($m:ident) => {
                         match (t, run) {
-                            (false, 4) => {
-                                $m::dot::<false, 4>(&ws, [q(a), q(a + 1), q(a + 2), q(a + 3)])
-                                    .to_vec()
-                            }
-                            (true, 4) => {
-                                $m::dot::<true, 4>(&ws, [q(a), q(a + 1), q(a + 2), q(a + 3)])
-                                    .to_vec()
-                            }
-                            (false, 2 | 3) => $m::dot::<false, 2>(&ws, [q(a), q(a + 1)]).to_vec(),
-                            (true, 2 | 3) => $m::dot::<true, 2>(&ws, [q(a), q(a + 1)]).to_vec(),
-                            (false, _) => $m::dot::<false, 1>(&ws, [q(a)]).to_vec(),
-                            (true, _) => $m::dot::<true, 1>(&ws, [q(a)]).to_vec(),
+                            (false, 8) => $m::dot::<false, 8>(&ws, rows_at_n(&q, a)).to_vec(),
+                            (true, 8) => $m::dot::<true, 8>(&ws, rows_at_n(&q, a)).to_vec(),
+                            (false, 4..) => $m::dot::<false, 4>(&ws, rows_at_n(&q, a)).to_vec(),
+                            (true, 4..) => $m::dot::<true, 4>(&ws, rows_at_n(&q, a)).to_vec(),
+                            (false, 2 | 3) => $m::dot::<false, 2>(&ws, rows_at_n(&q, a)).to_vec(),
+                            (true, 2 | 3) => $m::dot::<true, 2>(&ws, rows_at_n(&q, a)).to_vec(),
+                            (false, _) => $m::dot::<false, 1>(&ws, rows_at_n(&q, a)).to_vec(),
+                            (true, _) => $m::dot::<true, 1>(&ws, rows_at_n(&q, a)).to_vec(),
                         }
                     };
                 }

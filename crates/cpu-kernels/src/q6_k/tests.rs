@@ -35,11 +35,16 @@ fn simd_matches_scalar_and_is_close_to_candle() {
             let x = Tensor::from_vec(values(m * k, n as u64), (m, k), &Device::Cpu).unwrap();
             let seqs = Some(&[m][..]);
             let scalar = Q6kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
+            // Every row a sequence of its own too (a batch of decode rows: runs of eight,
+            // four, two and one rows share the unpacked weights).
+            let alone = flat(scalar.forward(&x, None).unwrap());
             let scalar = flat(scalar.forward(&x, seqs).unwrap());
             for kernel in kernels().into_iter().skip(1) {
                 let q = Q6kMatmul::with_kernel(&w, kernel).unwrap();
                 let got = flat(q.forward(&x, seqs).unwrap());
                 assert!(got == scalar, "{kernel:?} [{m}x{k}] x [{n}x{k}]^T differs");
+                let got = flat(q.forward(&x, None).unwrap());
+                assert!(got == alone, "{kernel:?} [{m}x{k}] rows alone differ");
             }
             let d = rel_diff(&scalar, &flat(w.forward(&x).unwrap()));
             assert!(
