@@ -2,9 +2,9 @@
 //!
 //! For one activation row candle 0.11 multiplies Q6_K weights with its AVX2 `vec_dot_q6k_q8k`,
 //! one weight row at a time: in a decode profile of Qwen2.5-1.5B Q4_K_M (Q6_K output matrix
-//! and half of the `ffn_down` / `attn_v` matrices) that was half of the time. Ours reads eight
-//! weight rows side by side (512-bit integer steps, or candle's own 256-bit ones on AVX2-only
-//! CPUs; up to four activation rows share each unpacked weight block) and prefetches the next
+//! and half of the `ffn_down` / `attn_v` matrices) that was half of the time. Ours takes eight
+//! weight rows at a time, each read front to back (512-bit integer steps, or candle's own 256-bit ones on AVX2-only
+//! CPUs; up to eight activation rows share each unpacked weight block) and prefetches the next
 //! eight, with the arithmetic of llama.cpp's AVX2 `ggml_vec_dot_q6_K_q8_K` exactly: per row, eight i32 lanes (lane `l` sums positions
 //! `4l..4l + 4` of every 32-value chunk, scaled: `sc * q * y` with the stored `q = w + 32`,
 //! minus `32 * sc * bsum` of the 16-value groups `2l, 2l + 1`), then per block `acc =
