@@ -3,9 +3,9 @@
 //! For one activation row candle 0.11 multiplies Q6_K weights with its AVX2 `vec_dot_q6k_q8k`,
 //! one weight row at a time: in a decode profile of Qwen2.5-1.5B Q4_K_M (Q6_K output matrix
 //! and half of the `ffn_down` / `attn_v` matrices) that was half of the time. Ours takes eight
-//! weight rows at a time, each read front to back (512-bit integer steps, or candle's own 256-bit ones on AVX2-only
-//! CPUs; up to eight activation rows share each unpacked weight block) and prefetches the next
-//! eight, with the arithmetic of llama.cpp's AVX2 `ggml_vec_dot_q6_K_q8_K` exactly: per row, eight i32 lanes (lane `l` sums positions
+//! weight rows at a time, each read front to back (512-bit integer steps, or candle's own
+//! 256-bit ones on AVX2-only CPUs; up to eight activation rows share each unpacked weight
+//! block) and prefetches the next eight, with the arithmetic of llama.cpp's AVX2 `ggml_vec_dot_q6_K_q8_K` exactly: per row, eight i32 lanes (lane `l` sums positions
 //! `4l..4l + 4` of every 32-value chunk, scaled: `sc * q * y` with the stored `q = w + 32`,
 //! minus `32 * sc * bsum` of the 16-value groups `2l, 2l + 1`), then per block `acc =
 //! fma(d_x * d_w, lanes, acc)`, and the horizontal sum `((a4 + a0) + (a6 + a2)) + ((a5 +
@@ -238,7 +238,7 @@ fn matvec(
                     a += 1;
                     continue;
                 }
-                // Up to four consecutive activation rows of the same rounding at once.
+                // Up to eight consecutive activation rows of the same rounding at once.
                 let t = tiled[a];
                 let run = (a..m.min(a + 8))
                     .take_while(|&i| tiled[i] == t && !skip(i))
@@ -302,6 +302,11 @@ fn hsum8(a: [f32; 8]) -> f32 {
     (r[0] + r[2]) + (r[1] + r[3])
 }
 
+/// A Q6_K block's scale `d` (f16) as f32.
+fn block_d(blk: &[u8]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([blk[Q6K_D], blk[Q6K_D + 1]])).to_f32()
+}
+
 /// Value `v` (0..256) of a Q6_K block, 0..64 (the weight is this minus 32).
 fn q6_value(blk: &[u8], v: usize) -> i32 {
     let (half, c, j) = (v / 128, (v % 128) / 32, v % 32);
@@ -317,7 +322,7 @@ fn dot_scalar(w: &[u8], q: &[u8], tiled: bool) -> f32 {
     let mut tacc = 0f32;
     let mut acc = [0f32; 8];
     for (blk, y) in w.chunks_exact(Q6K_BYTES).zip(q.chunks_exact(Q8K_BYTES)) {
-        let dw = half::f16::from_bits(u16::from_le_bytes([blk[Q6K_D], blk[Q6K_D + 1]])).to_f32();
+        let dw = block_d(blk);
         let dy = f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
         let d = dy * dw;
         let mut lanes = [0i32; 8];

@@ -14,6 +14,14 @@ fn kernels() -> Vec<Kernel> {
         .collect()
 }
 
+/// The GGUF bytes of a quantized weight.
+fn weight_bytes(w: &QMatMul) -> std::borrow::Cow<'_, [u8]> {
+    match w {
+        QMatMul::QTensor(t) => t.data().unwrap(),
+        _ => unreachable!("quantized"),
+    }
+}
+
 fn flat(t: Tensor) -> Vec<f32> {
     t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
 }
@@ -62,10 +70,7 @@ fn simd_matches_scalar_and_is_close_to_candle() {
 fn unpacked_tiles_equal_the_row_kernels() {
     let (n, k) = (40, 768);
     let w = q6k_weight(n, k, 11);
-    let data = match &w {
-        QMatMul::QTensor(t) => t.data().unwrap(),
-        _ => unreachable!("quantized"),
-    };
+    let data = weight_bytes(&w);
     let m = 37;
     let x = values(m * k, 7);
     let mut want = vec![0f32; m * n];
@@ -100,10 +105,7 @@ fn unpacked_tiles_equal_the_row_kernels() {
 fn batches_of_eight_rows_round_like_llamacpp_tiles() {
     let (n, k) = (16, 512);
     let w = q6k_weight(n, k, 3);
-    let data = match &w {
-        QMatMul::QTensor(t) => t.data().unwrap(),
-        _ => unreachable!("quantized"),
-    };
+    let data = weight_bytes(&w);
     let x = values(8 * k, 5);
     let q = Q6kMatmul::with_kernel(&w, Kernel::Scalar).unwrap();
     let xt = Tensor::from_vec(x.clone(), (8, k), &Device::Cpu).unwrap();

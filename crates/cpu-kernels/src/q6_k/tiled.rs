@@ -4,7 +4,7 @@
 //! For those rows only each 256-value block's exact integer sum matters (`tacc = fma(d_w *
 //! isum, d_x, tacc)`), not the eight lanes of the vec_dot arithmetic, so the products may be
 //! summed in any order. The row-at-a-time kernels of `x86.rs` scale every 64 (AVX-512) or 32
-//! (AVX2) products with a multiply and unpack each weight block for at most four activation
+//! (AVX2) products with a multiply and unpack each weight block for at most eight activation
 //! rows; at 512 rows that made Q6_K three times slower per product than candle's repacked
 //! path. Here the weights of 16 rows are unpacked once into tiles laid out like the Q4_K
 //! ones (`[4 values][16 rows][4 bytes]`: one broadcast of four activations meets 16 rows),
@@ -12,7 +12,7 @@
 //! is scaled once: `isum = sum_j sc_j * (sum_{v in j} q_v y_v - 32 * bsum_j)` (the stored
 //! values are the weights plus 32).
 
-use super::{Kernel, Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BSUMS, Q8K_BYTES, QK_K};
+use super::{Kernel, Q6K_BYTES, Q6K_QH, Q6K_SCALES, Q8K_BSUMS, Q8K_BYTES, QK_K};
 use crate::SharedMut;
 
 /// Weight rows per tile.
@@ -69,8 +69,7 @@ fn unpack(w: &[u8], n: usize, kb: usize, r0: usize, tiles: &mut [Tile]) {
             for j in 0..16 {
                 tile.sc[j][r] = blk[Q6K_SCALES + j] as i8;
             }
-            tile.d[r] =
-                half::f16::from_bits(u16::from_le_bytes([blk[Q6K_D], blk[Q6K_D + 1]])).to_f32();
+            tile.d[r] = super::block_d(blk);
         }
     }
 }
@@ -111,6 +110,11 @@ pub(super) fn matmul(
 }
 
 fn dot(kernel: Kernel, tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; MT] {
+    // Real checks: the SIMD loops read every tile's block of every row through raw pointers.
+    assert!(!acts.is_empty() && acts.len() <= MT);
+    for a in acts {
+        assert!(a.len() == tiles.len() * Q8K_BYTES);
+    }
     macro_rules! by_rows {
         ($f:ident) => {
             match acts.len() {
@@ -123,7 +127,8 @@ fn dot(kernel: Kernel, tiles: &[Tile], acts: &[&[u8]]) -> [[f32; TILE_N]; MT] {
     }
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller checked that the CPU runs the kernel; `dot` checks lengths.
+        // SAFETY: the caller checked that the CPU runs the kernel; the lengths are checked
+        // above.
         Kernel::Avx512Vnni => unsafe { by_rows!(dot512) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
@@ -181,18 +186,13 @@ mod x86 {
     /// group, then one scale multiply.
     ///
     /// # Safety
-    /// The CPU must support AVX512F, AVX512BW, AVX512-VNNI and FMA.
+    /// The CPU must support AVX512F, AVX512BW, AVX512-VNNI and FMA; `acts` holds `M` rows of
+    /// `tiles.len()` Q8_K blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
     pub(super) unsafe fn dot512<const M: usize>(
         tiles: &[Tile],
         acts: &[&[u8]],
     ) -> [[f32; TILE_N]; MT] {
-        let kb = tiles.len();
-        // Real checks: the loops read kb blocks of every row through raw pointers.
-        assert!(acts.len() == M && M <= MT);
-        for a in acts {
-            assert!(a.len() == kb * Q8K_BYTES);
-        }
         let mut acc = [_mm512_setzero_ps(); M];
         for (b, tile) in tiles.iter().enumerate() {
             let y: [*const u8; M] = std::array::from_fn(|i| acts[i].as_ptr().add(b * Q8K_BYTES));
@@ -233,18 +233,12 @@ mod x86 {
     /// (bsum, 0).
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
+    /// The CPU must support AVX2 and FMA; `acts` holds `M` rows of `tiles.len()` Q8_K blocks.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot256<const M: usize>(
         tiles: &[Tile],
         acts: &[&[u8]],
     ) -> [[f32; TILE_N]; MT] {
-        let kb = tiles.len();
-        // Real checks: the loops read kb blocks of every row through raw pointers.
-        assert!(acts.len() == M && M <= MT);
-        for a in acts {
-            assert!(a.len() == kb * Q8K_BYTES);
-        }
         // Per half tile (eight rows), per activation row.
         let mut acc = [[_mm256_setzero_ps(); M]; 2];
         for (b, tile) in tiles.iter().enumerate() {
