@@ -357,7 +357,7 @@ fn dot_tiles(kernel: Kernel, tiles: &[Tile], acts: &[&[u8]], gemm: &[bool]) -> [
                 avx2::dot::<1>,
                 avx2::dot::<2>,
                 avx2::dot::<3>,
-                avx2::dot::<4>,
+                avx2_rows4::dot,
                 tiles,
                 acts,
                 gemm,
@@ -459,6 +459,8 @@ fn dot_scalar(tiles: &[Tile], acts: &[&[u8]], gemm: [bool; MT]) -> [[f32; TILE_N
     out
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2_rows4;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
