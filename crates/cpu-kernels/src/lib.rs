@@ -156,3 +156,58 @@ fn par_chunks(n: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) 
         candle_core::utils::barrier_pool().execute_chunked(n, f);
     }
 }
+
+/// The order of a matmul's work items, each a group of weight rows against a group of
+/// activation rows: the weight groups in bands small enough to stay in a core's L2 cache,
+/// and within a band every activation group against every weight group of the band. Weight
+/// group after weight group (candle's order) streams all the activations once per group,
+/// from L3 once they outgrow L2 (a 512-token prompt's activations for the 1.5B's down
+/// projection are 5 MB).
+pub(crate) struct Bands {
+    weight_groups: usize,
+    act_groups: usize,
+    band: usize,
+}
+
+impl Bands {
+    /// Bytes of weights a band may hold (half a Zen 4 L2).
+    const BAND_BYTES: usize = 512 << 10;
+
+    pub(crate) fn new(weight_groups: usize, act_groups: usize, group_bytes: usize) -> Self {
+        let band = (Self::BAND_BYTES / group_bytes.max(1)).clamp(1, weight_groups.max(1));
+        Self {
+            weight_groups,
+            act_groups,
+            band,
+        }
+    }
+
+    /// Work item `unit` (of `weight_groups * act_groups`) as (weight group, activation group).
+    pub(crate) fn at(&self, unit: usize) -> (usize, usize) {
+        let first = unit / (self.band * self.act_groups) * self.band;
+        let width = self.band.min(self.weight_groups - first);
+        let rest = unit - first * self.act_groups;
+        (first + rest % width, rest / width)
+    }
+}
+
+#[cfg(test)]
+mod bands_tests {
+    #[test]
+    fn bands_visit_every_item_once() {
+        for (tile_rows, groups, row_bytes) in [
+            (96, 128, 83 << 10),
+            (560, 128, 14 << 10),
+            (7, 3, 1 << 20),
+            (1, 1, 1),
+        ] {
+            let b = super::Bands::new(tile_rows, groups, row_bytes);
+            let mut seen = vec![false; tile_rows * groups];
+            for unit in 0..tile_rows * groups {
+                let (t, g) = b.at(unit);
+                assert!(t < tile_rows && g < groups && !seen[t * groups + g]);
+                seen[t * groups + g] = true;
+            }
+        }
+    }
+}

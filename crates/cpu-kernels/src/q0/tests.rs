@@ -185,15 +185,21 @@ fn bad_sizes_are_errors() {
     assert!(matmul(Kernel::Scalar, f, &[0u8; 22], 1, 32, &[0f32; 32], &mut out).is_err());
 }
 
-/// `cargo test --release -p tokenrouter-runtime cpu_quant::q0::tests::speed -- --ignored --nocapture`
+/// `cargo test --release -p tokenrouter-cpu-kernels q0::tests::speed -- --ignored --nocapture`
 /// (with `RAYON_NUM_THREADS=1` the CPU-time column is the kernel's cost on one core,
 /// whatever else runs on the machine).
 #[test]
 #[ignore]
 fn speed() {
-    let (n, k) = (4864, 896);
-    let w = q5_weight(n, k, 1);
-    for m in [1, 16, 128, 512] {
+    // The 0.5B's up and down projections.
+    for (n, k, m) in [
+        (4864, 896, 1),
+        (4864, 896, 16),
+        (4864, 896, 128),
+        (4864, 896, 512),
+        (896, 4864, 512),
+    ] {
+        let w = q5_weight(n, k, 1);
         let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
         let reps = (4096 / m).max(8);
         let time = |f: &dyn Fn() -> Tensor| time_ms(reps, f);

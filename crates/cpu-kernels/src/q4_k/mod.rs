@@ -20,7 +20,7 @@ use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
-use super::{par_chunks, SharedMut};
+use super::{par_chunks, Bands, SharedMut};
 use crate::CpuKernel;
 
 /// Values per super-block.
@@ -307,11 +307,13 @@ fn matmul(
     let row_bytes = kb * Q8K_BYTES;
     let m_units = m.div_ceil(MT);
     let out_ptr = SharedMut(out.as_mut_ptr());
-    // Items are tile-row major, like candle's: a worker walking a range streams the weights
-    // once per group of MT activation rows.
+    // Tile rows in bands that stay in L2 (`q4_k speed`, 512 rows, best of four alternating
+    // runs: [8960x1536] AVX2 46.8 -> 40.4 ms, AVX-512 32.2 -> 29.4; [1536x8960] 43.3 -> 42.3).
+    let blocks = Bands::new(n / TILE_N, m_units, kb * TILE_BYTES);
     par_chunks(n / TILE_N * m_units, m * n * kb * 8, |units| {
         for unit in units {
-            let (nt, m0) = (unit / m_units, (unit % m_units) * MT);
+            let (nt, group) = blocks.at(unit);
+            let m0 = group * MT;
             let mt = (m - m0).min(MT);
             let acts: [&[u8]; MT] = std::array::from_fn(|i| {
                 let r = m0 + i.min(mt - 1);
