@@ -340,10 +340,16 @@ fn matmul(
 /// One row of tiles (16 weight rows, all of k) against up to [`MT`] activation rows.
 fn dot_tiles(kernel: Kernel, tiles: &[Tile], acts: &[&[u8]], gemm: &[bool]) -> [[f32; TILE_N]; MT] {
     let gemm: [bool; MT] = std::array::from_fn(|i| gemm.get(i).copied().unwrap_or(false));
+    // Real checks, once for every kernel: they read `tiles.len()` blocks of every activation
+    // row through raw pointers.
+    assert!((1..=MT).contains(&acts.len()));
+    for a in acts {
+        assert!(a.len() == tiles.len() * Q8K_BYTES);
+    }
     match kernel {
         Kernel::Scalar => dot_scalar(tiles, acts, gemm),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `matmul` checked that the CPU runs the kernel; it checks the lengths.
+        // SAFETY: `matmul` checked that the CPU runs the kernel, and the lengths are checked above.
         Kernel::Avx512Vnni => unsafe {
             match acts.len() {
                 1 => avx512::dot::<1>(tiles, acts, gemm),

@@ -26,19 +26,15 @@ pub(super) mod avx512 {
     /// `tiles` (16 weight rows) against the `M` activation rows `acts` (Q8_K blocks).
     ///
     /// # Safety
-    /// The CPU must support AVX512F, AVX512BW and AVX512-VNNI.
+    /// The CPU must support AVX512F, AVX512BW and AVX512-VNNI; `acts` holds `M` rows of
+    /// `tiles.len()` Q8_K blocks (`dot_tiles` checks).
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub(in crate::q4_k) unsafe fn dot<const M: usize>(
         tiles: &[Tile],
         acts: &[&[u8]],
         gemm: [bool; MT],
     ) -> [[f32; TILE_N]; MT] {
-        let kb = tiles.len();
-        // Real checks: the loops read kb blocks of every row through raw pointers.
-        assert!(acts.len() == M && M <= MT);
-        for a in acts {
-            assert!(a.len() == kb * Q8K_BYTES);
-        }
+        debug_assert!(acts.len() == M && M <= MT);
         let mask = _mm512_set1_epi8(0x0f);
         let mut acc = [_mm512_setzero_ps(); M];
         let mut acc_min = [_mm512_setzero_ps(); M];
@@ -161,19 +157,15 @@ macro_rules! kernels256 {
             /// `tiles` (16 weight rows) against the `M` activation rows `acts`.
             ///
             /// # Safety
-            /// The CPU must support `$features`.
+            /// The CPU must support `$features`; `acts` holds `M` rows of `tiles.len()` Q8_K
+            /// blocks (`dot_tiles` checks).
             #[target_feature(enable = $features)]
             pub(in crate::q4_k) unsafe fn dot<const M: usize>(
                 tiles: &[Tile],
                 acts: &[&[u8]],
                 gemm: [bool; MT],
             ) -> [[f32; TILE_N]; MT] {
-                let kb = tiles.len();
-                // Real checks: the loops read kb blocks of every row through raw pointers.
-                assert!(acts.len() == M && M <= MT);
-                for a in acts {
-                    assert!(a.len() == kb * Q8K_BYTES);
-                }
+                debug_assert!(acts.len() == M && M <= MT);
                 let mask = _mm256_set1_epi8(0x0f);
                 let mut acc = [[_mm256_setzero_ps(); 2]; M];
                 let mut acc_min = [[_mm256_setzero_ps(); 2]; M];
