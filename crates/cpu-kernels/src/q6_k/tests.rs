@@ -161,7 +161,7 @@ fn extreme_values() {
 fn speed() {
     for (n, k) in [(1536, 8960), (8960, 1536), (151936, 1536)] {
         let w = q6k_weight(n, k, 1);
-        for m in [1, 4, 8, 32, 64, 512] {
+        for m in [1, 2, 4, 8, 32, 64, 512] {
             if n * m > 1 << 24 {
                 continue;
             }
