@@ -145,121 +145,33 @@ fn f16r(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
-/// The x86-64-v3 build (`.cargo/config.toml`): eight lanes at a time with F16C.
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    target_feature = "f16c"
-))]
-mod f16_lanes {
-    use std::arch::x86_64::*;
+mod f16_lanes;
 
-    /// Round eight f32 to f16 precision (to nearest, ties to even, like `f16r`).
-    #[inline]
-    unsafe fn round(v: __m256) -> __m256 {
-        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
-    }
+/// How many keys ahead `attend_group` fetches cached rows.
+const PREFETCH_KEYS: usize = 8;
 
-    /// `o[i] = f16(v[i] * w + o[i])` for the first multiple of eight; returns how many.
-    #[inline]
-    pub fn mad(o: &mut [f32], v: &[f32], w: f32) -> usize {
-        let n = o.len().min(v.len()) / 8 * 8;
-        // SAFETY: the target features are enabled for the whole build (cfg above); the
-        // loads and stores stay within the first `n` elements of both slices.
-        unsafe {
-            let w = _mm256_set1_ps(w);
-            for c in (0..n).step_by(8) {
-                let a = _mm256_loadu_ps(o.as_ptr().add(c));
-                let b = _mm256_loadu_ps(v.as_ptr().add(c));
-                _mm256_storeu_ps(o.as_mut_ptr().add(c), round(_mm256_fmadd_ps(b, w, a)));
-            }
-        }
-        n
-    }
+/// Keys per block: one block's cached K (or V) rows of one head, 16 KB at head size 128,
+/// stay in L1 while every query head of the group passes over them.
+const KEY_BLOCK: usize = 32;
 
-    /// `dot_f16` for lengths that are a multiple of 32 (the same lanes, steps and final
-    /// sums), else `None`.
-    #[inline]
-    pub fn dot(a: &[f32], b: &[f32]) -> Option<f32> {
-        if a.len() != b.len() || !a.len().is_multiple_of(32) {
-            return None;
-        }
-        // SAFETY: the target features are enabled for the whole build; loads stay within
-        // both slices (a multiple of 32 long).
-        unsafe {
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for i in (0..a.len()).step_by(32) {
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    let x = _mm256_loadu_ps(a.as_ptr().add(i + 8 * j));
-                    let y = _mm256_loadu_ps(b.as_ptr().add(i + 8 * j));
-                    *acc = _mm256_fmadd_ps(x, y, *acc);
-                }
-            }
-            let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-            let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
-            let t = _mm_hadd_ps(t, t);
-            Some(_mm_cvtss_f32(_mm_hadd_ps(t, t)))
-        }
-    }
-
-    /// `o[i] = f16(o[i] * s)` for the first multiple of eight; returns how many.
-    #[inline]
-    pub fn scale(o: &mut [f32], s: f32) -> usize {
-        let n = o.len() / 8 * 8;
-        // SAFETY: as in `mad`.
-        unsafe {
-            let s = _mm256_set1_ps(s);
-            for c in (0..n).step_by(8) {
-                let a = _mm256_loadu_ps(o.as_ptr().add(c));
-                _mm256_storeu_ps(o.as_mut_ptr().add(c), round(_mm256_mul_ps(a, s)));
-            }
-        }
-        n
-    }
-}
-
-#[cfg(not(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    target_feature = "f16c"
-)))]
-mod f16_lanes {
-    pub fn dot(_: &[f32], _: &[f32]) -> Option<f32> {
-        None
-    }
-    pub fn mad(_: &mut [f32], _: &[f32], _: f32) -> usize {
-        0
-    }
-    pub fn scale(_: &mut [f32], _: f32) -> usize {
-        0
-    }
-}
-
-/// `o = f16(v * w + o)` (ggml's `ggml_vec_mad_f16`: a fused multiply-add, stored as f16).
-fn mad_f16(o: &mut [f32], v: &[f32], w: f32) {
-    let done = f16_lanes::mad(o, v, w);
-    for (x, v) in o[done..].iter_mut().zip(&v[done..]) {
-        *x = f16r(v.mul_add(w, *x));
-    }
-}
-
-/// `o = f16(o * s)` (ggml's `ggml_vec_scale_f16`).
-fn scale_f16(o: &mut [f32], s: f32) {
-    let done = f16_lanes::scale(o, s);
-    for x in &mut o[done..] {
-        *x = f16r(*x * s);
-    }
-}
-
-/// One query head over `n` cached keys as llama.cpp's CPU flash attention with an f16 KV
-/// cache (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`): keys in order, an online
-/// softmax in f32 with `expf`, and the weighted sum of values accumulated in f16 (each
-/// update `v_acc = f16(v_acc + v * w)`, a rescale `v_acc = f16(v_acc * m)`); `q` and the
-/// cached K/V hold f16 values. `base(j)` is key j's offset in `kc` / `vc`.
-fn attend_one(
+/// The query heads `q` (`g` heads of `hd` values, all reading one KV head) of one token over
+/// `n` cached keys, into `o` (`g * hd`), each head as llama.cpp's CPU flash attention with
+/// an f16 KV cache (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`): keys in order, an
+/// online softmax in f32 with `expf`, and the weighted sum of values accumulated in f16
+/// (each update `v_acc = f16(v_acc + v * w)`, a rescale `v_acc = f16(v_acc * m)` when the
+/// maximum grows); `q` and the cached K/V hold f16 values. `base(j)` is key j's offset in
+/// `kc` / `vc`.
+///
+/// llama.cpp takes one head and one key at a time through all three steps. The same
+/// arithmetic runs here in three passes: all scores, the softmax weights (the only
+/// sequential scalar chain), then the weighted values with the accumulator in registers
+/// across a block of keys; and the heads of a group take each block of cached rows in turn
+/// while it is in L1 (head by head, each head streamed the whole cache from L3). Every
+/// output lane sees the same operations in the same order.
+#[allow(clippy::too_many_arguments)]
+fn attend_group(
     q: &[f32],
+    hd: usize,
     n: usize,
     base: impl Fn(usize) -> usize,
     kc: &[f32],
@@ -267,27 +179,81 @@ fn attend_one(
     scale: f32,
     o: &mut [f32],
 ) {
-    let hd = q.len();
-    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-    o.fill(0.0);
-    for j in 0..n {
-        let at = base(j);
-        let s = dot_f16(&kc[at..at + hd], q) * scale + 0.0;
-        let (mut ms, mut vs) = (1f32, 1f32);
-        if s > m {
-            ms = (m - s).exp();
-            m = s;
-            scale_f16(o, ms);
-        } else {
-            vs = (s - m).exp();
+    let g = q.len() / hd;
+    // Cached rows are short strided runs scattered over the cache's blocks, too irregular
+    // for the hardware prefetcher: the first head's pass fetches a few keys ahead.
+    let ahead = |j: usize| (j + PREFETCH_KEYS < n).then(|| base(j + PREFETCH_KEYS));
+    // Scores, `vs[h * n + j]`, then turned into weights in place.
+    let mut vs = vec![0f32; g * n];
+    for start in (0..n).step_by(KEY_BLOCK) {
+        let keys = start..n.min(start + KEY_BLOCK);
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
+            for j in keys.clone() {
+                if let Some(at) = ahead(j).filter(|_| h == 0) {
+                    f16_lanes::prefetch(&kc[at..at + hd]);
+                }
+                let at = base(j);
+                vs[h * n + j] = dot_f16(&kc[at..at + hd], qh) * scale + 0.0;
+            }
         }
-        mad_f16(o, &vc[at..at + hd], vs);
-        // Not fused: llama.cpp's released x86 build computes `S = S*ms + vs` in two steps.
-        sum = sum * ms + vs;
     }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for x in o.iter_mut() {
-        *x *= inv;
+    // `ms[h * n + j]`: the rescale before key j's value is added to head h (1.0, an
+    // identity on f16 values, where the maximum did not grow); `vs`: the weights.
+    let mut ms = vec![1f32; g * n];
+    let mut sums = vec![0f32; g];
+    for ((vs, ms), sum) in vs
+        .chunks_mut(n.max(1))
+        .zip(ms.chunks_mut(n.max(1)))
+        .zip(&mut sums)
+    {
+        let mut m = f32::NEG_INFINITY;
+        for (s, r) in vs.iter_mut().zip(ms.iter_mut()) {
+            if *s > m {
+                *r = (m - *s).exp();
+                m = *s;
+                *s = 1.0;
+            } else {
+                *s = (*s - m).exp();
+            }
+            // Not fused: llama.cpp's released x86 build computes `S = S*ms + vs` in two
+            // steps.
+            *sum = *sum * *r + *s;
+        }
+    }
+    let value = |j: usize| {
+        let at = base(j);
+        &vc[at..at + hd]
+    };
+    let value_ahead = |j: usize| ahead(j).map(|at| &vc[at..at + hd]);
+    o.fill(0.0);
+    for start in (0..n).step_by(KEY_BLOCK) {
+        let keys = start..n.min(start + KEY_BLOCK);
+        for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
+            let (ms, vs) = (&ms[h * n..(h + 1) * n], &vs[h * n..(h + 1) * n]);
+            let no_ahead = |_: usize| None;
+            let done = if h == 0 {
+                f16_lanes::weigh_values(oh, keys.clone(), &value, &value_ahead, ms, vs)
+            } else {
+                f16_lanes::weigh_values(oh, keys.clone(), &value, &no_ahead, ms, vs)
+            };
+            let rest = &mut oh[done..];
+            for j in keys.clone() {
+                if ms[j] != 1.0 {
+                    for x in rest.iter_mut() {
+                        *x = f16r(*x * ms[j]);
+                    }
+                }
+                for (x, v) in rest.iter_mut().zip(&value(j)[done..]) {
+                    *x = f16r(v.mul_add(vs[j], *x));
+                }
+            }
+        }
+    }
+    for (oh, sum) in o.chunks_exact_mut(hd).zip(sums) {
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        for x in oh.iter_mut() {
+            *x *= inv;
+        }
     }
 }
 
@@ -362,18 +328,27 @@ pub fn paged_attention(
     let (kc, vc) = (&cache.k, &cache.v);
     let mut out = vec![0f32; total * nh * hd];
     let out_ptr = SharedOut(out.as_mut_ptr());
-    let attend = |idx: usize| {
-        let (t, h) = (idx / nh, idx % nh);
+    // A work item: `per` consecutive query heads of one token sharing a KV head (they
+    // pass over its cached rows together); as many per item as still leaves every thread
+    // an item.
+    let threads = candle_core::utils::get_num_threads();
+    let per = (1..=group)
+        .rev()
+        .find(|p| group % p == 0 && total * nh / p >= threads)
+        .unwrap_or(1);
+    let attend = |item: usize| {
+        let (t, h) = (item * per / nh, item * per % nh);
         let kvh = h / group;
-        let qv = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+        let heads = (t * nh + h) * hd..(t * nh + h + per) * hd;
         let table = tables[tok_row[t]];
-        let n = tok_pos[t] + 1;
-        // SAFETY: item `idx` owns output elements idx*hd..(idx+1)*hd exclusively, and `out`
+        // SAFETY: item `item` owns the output elements of its heads exclusively, and `out`
         // outlives the pool call below.
-        let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(idx * hd), hd) };
-        attend_one(
-            qv,
-            n,
+        let o =
+            unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(heads.start), heads.len()) };
+        attend_group(
+            &q[heads],
+            hd,
+            tok_pos[t] + 1,
             |j| table.slot(j, block_size) * row_len + kvh * hd,
             kc,
             vc,
@@ -381,8 +356,8 @@ pub fn paged_attention(
             o,
         );
     };
-    let items = total * nh;
-    if items * (tok_pos.iter().max().copied().unwrap_or(0) + 1) < 4096 {
+    let items = total * nh / per;
+    if total * nh * (tok_pos.iter().max().copied().unwrap_or(0) + 1) < 4096 {
         (0..items).for_each(attend);
     } else {
         candle_core::utils::barrier_pool().execute_chunked(items, |range| range.for_each(attend));
@@ -425,8 +400,61 @@ mod tests {
         assert_eq!(dot_f16(&a, &b), (t[0] + t[1]) + (t[2] + t[3]));
     }
 
+    /// llama.cpp's loop as written: one key at a time through score, softmax step and
+    /// value update (scalar, `f16r` after every update).
+    fn attend_stepwise(q: &[f32], kc: &[f32], vc: &[f32], scale: f32) -> Vec<f32> {
+        let hd = q.len();
+        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        let mut o = vec![0f32; hd];
+        for (k, v) in kc.chunks_exact(hd).zip(vc.chunks_exact(hd)) {
+            let s = dot_f16(k, q) * scale + 0.0;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > m {
+                ms = (m - s).exp();
+                m = s;
+                o.iter_mut().for_each(|x| *x = f16r(*x * ms));
+            } else {
+                vs = (s - m).exp();
+            }
+            for (x, v) in o.iter_mut().zip(v) {
+                *x = f16r(v.mul_add(vs, *x));
+            }
+            sum = sum * ms + vs;
+        }
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        o.iter().map(|x| x * inv).collect()
+    }
+
     #[test]
-    fn attend_one_is_the_softmax_average_up_to_f16() {
+    fn attend_group_equals_the_stepwise_loop_bit_for_bit() {
+        // Head sizes with and without a 64-lane remainder; keys whose scores rise now and
+        // then (rescales mid-sequence) and repeat (equal scores).
+        for (hd, n) in [(64, 1), (64, 37), (128, 300), (80, 19), (96, 64), (32, 9)] {
+            let kc: Vec<f32> = (0..n * hd)
+                .map(|i| f16r(((i * 7919) % 97) as f32 / 40.0 - 1.2 + (i / hd % 7) as f32 * 0.1))
+                .collect();
+            let vc: Vec<f32> = (0..n * hd)
+                .map(|i| f16r(((i * 104_729) % 89) as f32 / 89.0 - 0.5))
+                .collect();
+            let q: Vec<f32> = (0..hd)
+                .map(|i| f16r((i as f32 * 0.37).sin() * 2.0))
+                .collect();
+            let scale = 1.0 / (hd as f32).sqrt();
+            // Three query heads over the same keys (a grouped-query group), as the second
+            // head alone would see them.
+            let q3: Vec<f32> = [q.clone(), q.iter().map(|x| -x).collect(), q.clone()].concat();
+            let mut o = vec![f32::NAN; 3 * hd];
+            attend_group(&q3, hd, n, |j| j * hd, &kc, &vc, scale, &mut o);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for (h, oh) in o.chunks_exact(hd).enumerate() {
+                let want = attend_stepwise(&q3[h * hd..(h + 1) * hd], &kc, &vc, scale);
+                assert_eq!(bits(oh), bits(&want), "hd {hd}, n {n}, head {h}");
+            }
+        }
+    }
+
+    #[test]
+    fn attend_group_is_the_softmax_average_up_to_f16() {
         let (hd, n) = (64, 37);
         let kc: Vec<f32> = (0..n * hd)
             .map(|i| f16r(((i * 7919) % 97) as f32 / 97.0 - 0.5))
@@ -437,7 +465,7 @@ mod tests {
         let q: Vec<f32> = (0..hd).map(|i| f16r((i as f32 * 0.37).sin())).collect();
         let scale = 1.0 / (hd as f32).sqrt();
         let mut o = vec![0f32; hd];
-        attend_one(&q, n, |j| j * hd, &kc, &vc, scale, &mut o);
+        attend_group(&q, hd, n, |j| j * hd, &kc, &vc, scale, &mut o);
         let s: Vec<f64> = (0..n)
             .map(|j| {
                 let k = &kc[j * hd..(j + 1) * hd];
@@ -470,5 +498,54 @@ mod tests {
         let mut x = [1.0, 0.0, 0.0, 0.0];
         t.apply(&mut x, 1);
         assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
+    }
+}
+#[cfg(test)]
+mod speed {
+    #[test]
+    #[ignore]
+    fn attend_speed() {
+        // 28 layers' caches of two KV heads, as the 1.5B at 1k context (57 MB, past L3).
+        let (hd, n, layers, row) = (128, 1024, 28, 256);
+        let kc: Vec<Vec<f32>> = (0..layers)
+            .map(|l| {
+                (0..n * row)
+                    .map(|i| super::f16r((((i + l) * 7919) % 97) as f32 / 97.0 - 0.5))
+                    .collect()
+            })
+            .collect();
+        let vc: Vec<Vec<f32>> = (0..layers)
+            .map(|l| {
+                (0..n * row)
+                    .map(|i| super::f16r((((i + l) * 104_729) % 89) as f32 / 89.0 - 0.5))
+                    .collect()
+            })
+            .collect();
+        let q: Vec<f32> = (0..hd)
+            .map(|i| super::f16r((i as f32 * 0.37).sin()))
+            .collect();
+        let q6 = q.repeat(6);
+        let mut o = vec![0f32; 6 * hd];
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            for l in 0..layers {
+                for kvh in 0..2 {
+                    super::attend_group(
+                        &q6,
+                        hd,
+                        n,
+                        |j| j * row + kvh * hd,
+                        &kc[l],
+                        &vc[l],
+                        0.088,
+                        &mut o,
+                    );
+                }
+            }
+            println!(
+                "attend hd {hd} n {n}: {:.1} ns/key",
+                t.elapsed().as_nanos() as f64 / (layers * 12 * n) as f64
+            );
+        }
     }
 }
