@@ -115,6 +115,7 @@ pub struct HeadDims {
 /// steps, `acc = fma(a, b, acc)`, then `(acc0 + acc2) + (acc1 + acc3)` and the lanes summed
 /// as `(l0 + l4) + (l1 + l5)` plus `(l2 + l6) + (l3 + l7)`; a tail of `n % 32` values is
 /// added one by one in f64 as ggml does.
+#[inline]
 fn dot_f16(a: &[f32], b: &[f32]) -> f32 {
     if let Some(d) = f16_lanes::dot(a, b) {
         return d;
