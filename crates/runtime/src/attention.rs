@@ -231,12 +231,8 @@ fn attend_group(
         let keys = start..n.min(start + KEY_BLOCK);
         for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
             let (ms, vs) = (&ms[h * n..(h + 1) * n], &vs[h * n..(h + 1) * n]);
-            let no_ahead = |_: usize| None;
-            let done = if h == 0 {
-                f16_lanes::weigh_values(oh, keys.clone(), &value, &value_ahead, ms, vs)
-            } else {
-                f16_lanes::weigh_values(oh, keys.clone(), &value, &no_ahead, ms, vs)
-            };
+            let ahead = |j: usize| value_ahead(j).filter(|_| h == 0);
+            let done = f16_lanes::weigh_values(oh, keys.clone(), &value, &ahead, ms, vs);
             let rest = &mut oh[done..];
             for j in keys.clone() {
                 if ms[j] != 1.0 {
@@ -434,9 +430,7 @@ mod tests {
             let kc: Vec<f32> = (0..n * hd)
                 .map(|i| f16r(((i * 7919) % 97) as f32 / 40.0 - 1.2 + (i / hd % 7) as f32 * 0.1))
                 .collect();
-            let vc: Vec<f32> = (0..n * hd)
-                .map(|i| f16r(((i * 104_729) % 89) as f32 / 89.0 - 0.5))
-                .collect();
+            let vc = cache_values(n * hd, 104_729, 89, 0);
             let q: Vec<f32> = (0..hd)
                 .map(|i| f16r((i as f32 * 0.37).sin() * 2.0))
                 .collect();
@@ -457,12 +451,8 @@ mod tests {
     #[test]
     fn attend_group_is_the_softmax_average_up_to_f16() {
         let (hd, n) = (64, 37);
-        let kc: Vec<f32> = (0..n * hd)
-            .map(|i| f16r(((i * 7919) % 97) as f32 / 97.0 - 0.5))
-            .collect();
-        let vc: Vec<f32> = (0..n * hd)
-            .map(|i| f16r(((i * 104_729) % 89) as f32 / 89.0 - 0.5))
-            .collect();
+        let kc = cache_values(n * hd, 7919, 97, 0);
+        let vc = cache_values(n * hd, 104_729, 89, 0);
         let q: Vec<f32> = (0..hd).map(|i| f16r((i as f32 * 0.37).sin())).collect();
         let scale = 1.0 / (hd as f32).sqrt();
         let mut o = vec![0f32; hd];
@@ -500,52 +490,39 @@ mod tests {
         t.apply(&mut x, 1);
         assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
     }
-}
-#[cfg(test)]
-mod speed {
+
+    /// `len` f16-exact cached values in -0.5..0.5: `(i + offset) * mul % modulus`, scaled.
+    fn cache_values(len: usize, mul: usize, modulus: usize, offset: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| f16r((((i + offset) * mul) % modulus) as f32 / modulus as f32 - 0.5))
+            .collect()
+    }
+
     #[test]
     #[ignore]
     fn attend_speed() {
         // 28 layers' caches of two KV heads, as the 1.5B at 1k context (57 MB, past L3).
         let (hd, n, layers, row) = (128, 1024, 28, 256);
         let kc: Vec<Vec<f32>> = (0..layers)
-            .map(|l| {
-                (0..n * row)
-                    .map(|i| super::f16r((((i + l) * 7919) % 97) as f32 / 97.0 - 0.5))
-                    .collect()
-            })
+            .map(|l| cache_values(n * row, 7919, 97, l))
             .collect();
         let vc: Vec<Vec<f32>> = (0..layers)
-            .map(|l| {
-                (0..n * row)
-                    .map(|i| super::f16r((((i + l) * 104_729) % 89) as f32 / 89.0 - 0.5))
-                    .collect()
-            })
+            .map(|l| cache_values(n * row, 104_729, 89, l))
             .collect();
-        let q: Vec<f32> = (0..hd)
-            .map(|i| super::f16r((i as f32 * 0.37).sin()))
-            .collect();
+        let q: Vec<f32> = (0..hd).map(|i| f16r((i as f32 * 0.37).sin())).collect();
         let q6 = q.repeat(6);
         let mut o = vec![0f32; 6 * hd];
         for _ in 0..3 {
             let t = std::time::Instant::now();
-            for l in 0..layers {
+            for (kc, vc) in kc.iter().zip(&vc) {
                 for kvh in 0..2 {
-                    super::attend_group(
-                        &q6,
-                        hd,
-                        n,
-                        |j| j * row + kvh * hd,
-                        &kc[l],
-                        &vc[l],
-                        0.088,
-                        &mut o,
-                    );
+                    attend_group(&q6, hd, n, |j| j * row + kvh * hd, kc, vc, 0.088, &mut o);
                 }
             }
+            let visits = (layers * 12 * n) as f64;
             println!(
                 "attend hd {hd} n {n}: {:.1} ns/key",
-                t.elapsed().as_nanos() as f64 / (layers * 12 * n) as f64
+                t.elapsed().as_nanos() as f64 / visits
             );
         }
     }
