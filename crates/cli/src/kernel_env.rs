@@ -11,6 +11,7 @@ type Switch<T> = (&'static str, fn(&mut KernelOptions) -> &mut T);
 
 /// The boolean switches.
 const FLAGS: &[Switch<bool>] = &[
+    ("TOKENROUTER_CPU_FUSE", |k| &mut k.cpu_fuse),
     ("TOKENROUTER_FUSED_KERNELS", |k| &mut k.fused_kernels),
     ("TOKENROUTER_CUDA_GRAPHS", |k| &mut k.cuda_graphs),
     ("TOKENROUTER_GEMV", |k| &mut k.gemv),

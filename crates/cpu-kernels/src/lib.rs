@@ -51,6 +51,47 @@ impl CpuMatmul {
         Q6kMatmul::new(w, qk).map(Self::Q6K)
     }
 
+    /// One matmul for several weights that multiply the same input, their rows stacked
+    /// (`[a | b | ..]`, output columns in that order), when all are of one type, width and
+    /// kernel; `None` otherwise. Every output is computed as in its own matmul (each weight
+    /// row's arithmetic is independent of its neighbours), so results are the same bit for
+    /// bit; a decode step then makes one parallel pass and quantises the input once where
+    /// it made two or three (q/k/v, gate/up).
+    pub fn fuse(parts: &[&CpuMatmul]) -> Option<Self> {
+        match parts.first()? {
+            Self::Q0(_) => {
+                let qs: Option<Vec<_>> = parts
+                    .iter()
+                    .map(|p| match p {
+                        Self::Q0(q) => Some(q),
+                        _ => None,
+                    })
+                    .collect();
+                Q0Matmul::fuse(&qs?).map(Self::Q0)
+            }
+            Self::Q4K(_) => {
+                let qs: Option<Vec<_>> = parts
+                    .iter()
+                    .map(|p| match p {
+                        Self::Q4K(q) => Some(q),
+                        _ => None,
+                    })
+                    .collect();
+                Q4kMatmul::fuse(&qs?).map(Self::Q4K)
+            }
+            Self::Q6K(_) => {
+                let qs: Option<Vec<_>> = parts
+                    .iter()
+                    .map(|p| match p {
+                        Self::Q6K(q) => Some(q),
+                        _ => None,
+                    })
+                    .collect();
+                Q6kMatmul::fuse(&qs?).map(Self::Q6K)
+            }
+        }
+    }
+
     /// `x @ w^T` for `x` of shape `[.., k]`, its rows grouped into sequences by `seqs`.
     pub fn forward(&self, x: &Tensor, seqs: SeqRows) -> candle_core::Result<Tensor> {
         match self {
@@ -104,6 +145,31 @@ fn cpu_matrix(
         return None;
     }
     Some((t, n, k))
+}
+
+/// The rows of `parts` (quantised CPU matrices of one dtype and width) stacked into one
+/// matrix; `None` when they differ or cannot be read.
+fn stack_rows(parts: &[&Arc<QTensor>]) -> Option<QMatMul> {
+    let first = parts.first()?;
+    let (_, k) = first.shape().dims2().ok()?;
+    let mut n = 0;
+    let mut bytes = Vec::new();
+    for p in parts {
+        let (pn, pk) = p.shape().dims2().ok()?;
+        if pk != k || p.dtype() != first.dtype() || !p.device().is_cpu() {
+            return None;
+        }
+        n += pn;
+        bytes.extend_from_slice(&p.data().ok()?);
+    }
+    let t = candle_core::quantized::ggml_file::qtensor_from_ggml(
+        first.dtype(),
+        &bytes,
+        vec![n, k],
+        &candle_core::Device::Cpu,
+    )
+    .ok()?;
+    QMatMul::from_arc(Arc::new(t)).ok()
 }
 
 /// The contiguous f32 input of a matmul op `[.., k]` and its output shape `[.., n]`.
@@ -209,5 +275,95 @@ mod bands_tests {
                 seen[t * groups + g] = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod fuse_tests {
+    use super::{CpuKernel, CpuMatmul};
+    use crate::test_util::{quantized, values};
+    use candle_core::quantized::GgmlDType;
+    use candle_core::{Device, Tensor};
+
+    fn flat(t: Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    /// Stacked weights give each part's outputs bit for bit, for every weight type we take,
+    /// every kernel choice, single rows, batches of separate rows and sequences (whose
+    /// rounding depends on their length), with the parts' rows not aligned to the kernels'
+    /// row groups (8-row groups of Q5_0/Q8_0/Q6_K straddle the boundary).
+    #[test]
+    fn fused_weights_equal_their_parts_bit_for_bit() {
+        let kernels = [CpuKernel::Scalar, CpuKernel::Avx2, CpuKernel::Auto];
+        let cases = [
+            (GgmlDType::Q5_0, 64, [40, 24, 8]),
+            (GgmlDType::Q8_0, 96, [24, 8, 16]),
+            (GgmlDType::Q4K, 512, [48, 16, 32]),
+            (GgmlDType::Q6K, 256, [20, 12, 36]),
+        ];
+        for (dtype, k, ns) in cases {
+            for choice in kernels {
+                let parts: Vec<CpuMatmul> = ns
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, &n)| {
+                        CpuMatmul::new(&quantized(n, k, 7 + i as u64, dtype), choice, choice)
+                    })
+                    .collect();
+                if parts.len() < ns.len() {
+                    continue; // this CPU does not run the kernel
+                }
+                let refs: Vec<&CpuMatmul> = parts.iter().collect();
+                let fused = CpuMatmul::fuse(&refs).expect("parts of one type fuse");
+                let seqs: [&[usize]; 4] = [&[1], &[1; 8], &[8, 1, 4, 3], &[32, 5]];
+                for seqs in seqs {
+                    let m: usize = seqs.iter().sum();
+                    let x = Tensor::from_vec(values(m * k, 3), (m, k), &Device::Cpu).unwrap();
+                    let all = flat(fused.forward(&x, Some(seqs)).unwrap());
+                    let total: usize = ns.iter().sum();
+                    let mut at = 0;
+                    for (p, &n) in parts.iter().zip(&ns) {
+                        let own = flat(p.forward(&x, Some(seqs)).unwrap());
+                        for r in 0..m {
+                            let got = &all[r * total + at..r * total + at + n];
+                            let want = &own[r * n..(r + 1) * n];
+                            let same = got
+                                .iter()
+                                .zip(want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "{dtype:?} {choice:?} seqs {seqs:?} row {r}");
+                        }
+                        at += n;
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn parts_of_different_types_or_widths_do_not_fuse() {
+        let q4 = CpuMatmul::new(
+            &quantized(16, 256, 1, GgmlDType::Q4K),
+            CpuKernel::Scalar,
+            CpuKernel::Scalar,
+        )
+        .unwrap();
+        let q6 = CpuMatmul::new(
+            &quantized(16, 256, 2, GgmlDType::Q6K),
+            CpuKernel::Scalar,
+            CpuKernel::Scalar,
+        )
+        .unwrap();
+        let wide = CpuMatmul::new(
+            &quantized(16, 512, 3, GgmlDType::Q4K),
+            CpuKernel::Scalar,
+            CpuKernel::Scalar,
+        )
+        .unwrap();
+        assert!(CpuMatmul::fuse(&[&q4, &q6]).is_none());
+        assert!(CpuMatmul::fuse(&[&q4, &wide]).is_none());
+        assert!(CpuMatmul::fuse(&[]).is_none());
+        assert!(CpuMatmul::fuse(&[&q4, &q4]).is_some());
     }
 }

@@ -21,6 +21,8 @@ pub struct KernelOptions {
     pub cpu_q5: CpuKernel,
     /// Q4_K / Q6_K weights on the CPU.
     pub cpu_qk: CpuKernel,
+    /// Stack q/k/v and gate/up into one CPU matmul each where their types agree.
+    pub cpu_fuse: bool,
     /// The fused CUDA forward (off: candle ops only).
     pub fused_kernels: bool,
     /// CUDA graphs for decode steps.
@@ -44,6 +46,7 @@ impl Default for KernelOptions {
         Self {
             cpu_q5: CpuKernel::Auto,
             cpu_qk: CpuKernel::Auto,
+            cpu_fuse: true,
             fused_kernels: true,
             cuda_graphs: true,
             gemv: true,

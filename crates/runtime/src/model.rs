@@ -72,23 +72,43 @@ impl Linear {
         Ok(Self { w, b })
     }
 
-    /// One matmul for several projections of the same input (rows stacked), when all are
-    /// dense tensors of one dtype on a GPU: fewer launches, better GEMM shapes. None
-    /// otherwise (quantised CPU weights may differ in type).
-    fn fuse(parts: &[&Linear], device: &Device) -> candle_core::Result<Option<Linear>> {
-        if device.is_cpu() {
-            return Ok(None);
-        }
-        let mut ws = Vec::with_capacity(parts.len());
-        for p in parts {
-            match &p.w {
-                Weight::Candle(QMatMul::Tensor(w)) => ws.push(w.clone()),
-                _ => return Ok(None),
+    /// One matmul for several projections of the same input (rows stacked): dense tensors
+    /// of one dtype on a GPU (fewer launches, better GEMM shapes), or quantised CPU weights
+    /// of one type on our kernels (one parallel pass and one quantised input instead of two
+    /// or three; the same results). None otherwise (quantised weights may differ in type).
+    fn fuse(
+        parts: &[&Linear],
+        device: &Device,
+        kernels: &KernelOptions,
+    ) -> candle_core::Result<Option<Linear>> {
+        let w = if device.is_cpu() {
+            if !kernels.cpu_fuse {
+                return Ok(None);
             }
-        }
-        if ws.windows(2).any(|w| w[0].dtype() != w[1].dtype()) {
-            return Ok(None);
-        }
+            let ours: Option<Vec<&CpuMatmul>> = parts
+                .iter()
+                .map(|p| match &p.w {
+                    Weight::Ours(q) => Some(q),
+                    Weight::Candle(_) => None,
+                })
+                .collect();
+            match ours.as_deref().and_then(CpuMatmul::fuse) {
+                Some(f) => Weight::Ours(f),
+                None => return Ok(None),
+            }
+        } else {
+            let mut ws = Vec::with_capacity(parts.len());
+            for p in parts {
+                match &p.w {
+                    Weight::Candle(QMatMul::Tensor(w)) => ws.push(w.clone()),
+                    _ => return Ok(None),
+                }
+            }
+            if ws.windows(2).any(|w| w[0].dtype() != w[1].dtype()) {
+                return Ok(None);
+            }
+            Weight::Candle(QMatMul::Tensor(Tensor::cat(&ws, 0)?))
+        };
         let b = match parts
             .iter()
             .map(|p| p.b.clone())
@@ -98,10 +118,7 @@ impl Linear {
             None if parts.iter().all(|p| p.b.is_none()) => None,
             None => return Ok(None),
         };
-        Ok(Some(Linear {
-            w: Weight::Candle(QMatMul::Tensor(Tensor::cat(&ws, 0)?)),
-            b,
-        }))
+        Ok(Some(Linear { w, b }))
     }
 
     /// The dense weight `[out, in]` and bias, when the weight is not quantised.
@@ -127,10 +144,12 @@ impl Linear {
     }
 }
 
-/// The q, k, v projections: separate, or fused into one `[q | k | v]` matmul.
+/// The q, k, v projections: separate, fused into one `[q | k | v]` matmul, or `[q | k]`
+/// and v (GGUF mixes often store v in another type than q and k).
 enum Qkv {
     Split(Linear, Linear, Linear),
     Fused(Linear),
+    FusedQk(Linear, Linear),
 }
 
 /// The MLP's gate and up projections: separate, or fused into one `[gate | up]` matmul.
@@ -215,13 +234,16 @@ impl Transformer {
             let q = Linear::load(src, Role::Q, i, qd, h, cfg.qkv_bias, kernels)?;
             let k = Linear::load(src, Role::K, i, kvd, h, cfg.qkv_bias, kernels)?;
             let v = Linear::load(src, Role::V, i, kvd, h, cfg.qkv_bias, kernels)?;
-            let qkv = match Linear::fuse(&[&q, &k, &v], device)? {
+            let qkv = match Linear::fuse(&[&q, &k, &v], device, kernels)? {
                 Some(f) => Qkv::Fused(f),
-                None => Qkv::Split(q, k, v),
+                None => match Linear::fuse(&[&q, &k], device, kernels)? {
+                    Some(qk) if device.is_cpu() => Qkv::FusedQk(qk, v),
+                    _ => Qkv::Split(q, k, v),
+                },
             };
             let gate = Linear::load(src, Role::Gate, i, cfg.intermediate_size, h, false, kernels)?;
             let up = Linear::load(src, Role::Up, i, cfg.intermediate_size, h, false, kernels)?;
-            let gate_up = match Linear::fuse(&[&gate, &up], device)? {
+            let gate_up = match Linear::fuse(&[&gate, &up], device, kernels)? {
                 Some(f) => GateUp::Fused(f),
                 None => GateUp::Split(gate, up),
             };
@@ -395,6 +417,10 @@ impl Transformer {
         let seqs = Some(&lens[..]);
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, eps)?;
+            let (qd, kvd) = (
+                cfg.num_heads * cfg.head_dim,
+                cfg.num_kv_heads * cfg.head_dim,
+            );
             let (mut q, mut k, v) = match &layer.qkv {
                 Qkv::Split(q, k, v) => (
                     q.forward(&h, seqs)?,
@@ -403,14 +429,18 @@ impl Transformer {
                 ),
                 Qkv::Fused(f) => {
                     let y = f.forward(&h, seqs)?;
-                    let (qd, kvd) = (
-                        cfg.num_heads * cfg.head_dim,
-                        cfg.num_kv_heads * cfg.head_dim,
-                    );
                     (
                         y.narrow(1, 0, qd)?.contiguous()?,
                         y.narrow(1, qd, kvd)?.contiguous()?,
                         y.narrow(1, qd + kvd, kvd)?.contiguous()?,
+                    )
+                }
+                Qkv::FusedQk(qk, v) => {
+                    let y = qk.forward(&h, seqs)?;
+                    (
+                        y.narrow(1, 0, qd)?.contiguous()?,
+                        y.narrow(1, qd, kvd)?.contiguous()?,
+                        v.forward(&h, seqs)?,
                     )
                 }
             };

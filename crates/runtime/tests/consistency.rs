@@ -188,3 +188,48 @@ fn every_quant_type_loads_and_tracks_f32() {
         assert!(cos >= min_cos, "{dt:?}: cosine {cos} < {min_cos}");
     }
 }
+
+/// q/k/v and gate/up stacked into one CPU matmul each (`cpu_fuse`, the default) give the
+/// logits of the separate matmuls bit for bit: a prompt, a batch of decode rows and a
+/// second sequence's extend, for weight types of each of our CPU kernels.
+#[test]
+fn fused_projections_give_the_same_logits_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = SynthSpec::tiny(Arch::Qwen2, 9);
+    spec.hidden_size = 256;
+    spec.intermediate_size = 512;
+    spec.num_heads = 4;
+    spec.num_kv_heads = 2;
+    spec.head_dim = 64;
+    for dt in [
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+        GgmlDType::Q5_0,
+        GgmlDType::Q8_0,
+    ] {
+        let p = write_gguf(&spec, &dir.path().join(format!("{dt:?}.gguf")), dt).unwrap();
+        let run = |fuse: bool| {
+            let mut o = opts();
+            o.kernels.cpu_fuse = fuse;
+            let mut m = load_model(&p, &o).unwrap();
+            let mut out = step_last(
+                &mut m.runner,
+                vec![Row::new(1, prompt(12, 1)), Row::new(2, prompt(9, 2))],
+            );
+            out.extend(step_last(
+                &mut m.runner,
+                vec![
+                    Row::new(1, vec![7]),
+                    Row::new(2, vec![8]),
+                    Row::new(3, prompt(5, 3)),
+                ],
+            ));
+            out
+        };
+        let (fused, split) = (run(true), run(false));
+        for (a, b) in fused.iter().zip(&split) {
+            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{dt:?}: fused and separate projections differ");
+        }
+    }
+}

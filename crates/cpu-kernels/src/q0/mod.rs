@@ -184,6 +184,19 @@ impl Q0Matmul {
         self.kernel
     }
 
+    /// `parts` stacked into one weight (see `CpuMatmul::fuse`): one format and kernel.
+    pub fn fuse(parts: &[&Q0Matmul]) -> Option<Self> {
+        let first = parts.first()?;
+        if parts
+            .iter()
+            .any(|p| p.kernel != first.kernel || p.format != first.format || p.k != first.k)
+        {
+            return None;
+        }
+        let ws: Vec<_> = parts.iter().map(|p| &p.w).collect();
+        Self::with_kernel(&super::stack_rows(&ws)?, first.kernel)
+    }
+
     /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         if x.dtype() != DType::F32 || !x.device().is_cpu() {

@@ -151,6 +151,28 @@ impl Q4kMatmul {
         self.kernel
     }
 
+    /// `parts` stacked into one weight (see `CpuMatmul::fuse`): the tiles of each part
+    /// after the other's (tiles are whole 16-row groups), one kernel and width.
+    pub fn fuse(parts: &[&Q4kMatmul]) -> Option<Self> {
+        let first = parts.first()?;
+        if parts
+            .iter()
+            .any(|p| p.kernel != first.kernel || p.k != first.k)
+        {
+            return None;
+        }
+        let mut tiles = Vec::with_capacity(parts.iter().map(|p| p.tiles.len()).sum());
+        for p in parts {
+            tiles.extend_from_slice(&p.tiles);
+        }
+        Some(Self {
+            tiles: Arc::new(tiles),
+            n: parts.iter().map(|p| p.n).sum(),
+            k: first.k,
+            kernel: first.kernel,
+        })
+    }
+
     /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`, its rows grouped into sequences by
     /// `seqs` (see [`super::SeqRows`]).
     pub fn forward(&self, x: &Tensor, seqs: super::SeqRows) -> candle_core::Result<Tensor> {

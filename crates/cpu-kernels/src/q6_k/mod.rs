@@ -127,6 +127,19 @@ impl Q6kMatmul {
         self.kernel
     }
 
+    /// `parts` stacked into one weight (see `CpuMatmul::fuse`): one kernel and width.
+    pub fn fuse(parts: &[&Q6kMatmul]) -> Option<Self> {
+        let first = parts.first()?;
+        if parts
+            .iter()
+            .any(|p| p.kernel != first.kernel || p.k != first.k)
+        {
+            return None;
+        }
+        let ws: Vec<_> = parts.iter().map(|p| &p.w).collect();
+        Self::with_kernel(&super::stack_rows(&ws)?, first.kernel)
+    }
+
     /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`, one activation row at a time, its
     /// rows grouped into sequences by `seqs` (see [`super::SeqRows`]).
     pub fn forward(&self, x: &Tensor, seqs: super::SeqRows) -> candle_core::Result<Tensor> {

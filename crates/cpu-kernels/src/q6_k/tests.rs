@@ -174,6 +174,11 @@ fn speed() {
                 let ours = Q6kMatmul::with_kernel(&w, kernel).unwrap();
                 let (o, oc) = time(&|| ours.forward(&x, Some(&[m])).unwrap());
                 line += &format!(", {kernel:?} {o:.3} (cpu {oc:.3})");
+                if (2..=8).contains(&m) {
+                    // m decode rows of m sequences (a batched decode step).
+                    let (o, _) = time(&|| ours.forward(&x, None).unwrap());
+                    line += &format!(" decode rows {o:.3}");
+                }
             }
             println!("{line}");
         }
