@@ -21,7 +21,8 @@ pub struct KernelOptions {
     pub cpu_q5: CpuKernel,
     /// Q4_K / Q6_K weights on the CPU.
     pub cpu_qk: CpuKernel,
-    /// Stack q/k/v and gate/up into one CPU matmul each where their types agree.
+    /// Stack q/k/v and gate/up into one CPU matmul each where their types agree (off by
+    /// default: one A/B round was mixed and the stacked copies raised peak memory).
     pub cpu_fuse: bool,
     /// The fused CUDA forward (off: candle ops only).
     pub fused_kernels: bool,
@@ -46,7 +47,7 @@ impl Default for KernelOptions {
         Self {
             cpu_q5: CpuKernel::Auto,
             cpu_qk: CpuKernel::Auto,
-            cpu_fuse: true,
+            cpu_fuse: false,
             fused_kernels: true,
             cuda_graphs: true,
             gemv: true,

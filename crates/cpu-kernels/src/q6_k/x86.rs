@@ -35,23 +35,6 @@ unsafe fn add_block<const TILED: bool>(
     }
 }
 
-/// Blocks ahead of the one being read that a kernel with four and more activation rows
-/// prefetches. With that many rows a block takes long enough that the hardware prefetcher
-/// fell behind (a batch-8 decode profile: a quarter of the kernel's samples on each block's
-/// first load); a lone row streams fastest without (see the AVX2 kernel).
-const PREFETCH_BLOCKS: usize = 4;
-
-/// Prefetch the Q6_K block `PREFETCH_BLOCKS` blocks after `blk` (the weight rows of a
-/// group lie one after another; past the end it touches nothing a load would).
-#[inline(always)]
-fn prefetch_ahead(blk: *const u8) {
-    let ahead = blk.wrapping_add(PREFETCH_BLOCKS * super::Q6K_BYTES);
-    for line in 0..super::Q6K_BYTES.div_ceil(64) {
-        // SAFETY: a prefetch never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8) };
-    }
-}
-
 pub(super) mod avx512 {
     use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
     use std::arch::x86_64::*;
@@ -93,9 +76,6 @@ pub(super) mod avx512 {
             for b in 0..kb {
                 let ys: [*const u8; A] = std::array::from_fn(|a| qs[a].as_ptr().add(b * Q8K_BYTES));
                 let blk = wp[r].add(b * Q6K_BYTES);
-                if A >= 4 {
-                    super::prefetch_ahead(blk);
-                }
                 let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
                 // Chunk pair p (values 64p..64p+64): the stored values (weights plus 32) and
                 // their scales, lanes 4i..4i+4 taking scale 4p + i.
@@ -185,9 +165,6 @@ pub(super) mod avx2 {
             for b in 0..kb {
                 let ys: [*const u8; A] = std::array::from_fn(|a| qs[a].as_ptr().add(b * Q8K_BYTES));
                 let blk = wp[r].add(b * Q6K_BYTES);
-                if A >= 4 {
-                    super::prefetch_ahead(blk);
-                }
                 let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
                 let mut sumi = [_mm256_setzero_si256(); A];
                 for j in 0..2 {
