@@ -236,10 +236,12 @@ impl Transformer {
             let v = Linear::load(src, Role::V, i, kvd, h, cfg.qkv_bias, kernels)?;
             let qkv = match Linear::fuse(&[&q, &k, &v], device, kernels)? {
                 Some(f) => Qkv::Fused(f),
-                None => match Linear::fuse(&[&q, &k], device, kernels)? {
-                    Some(qk) if device.is_cpu() => Qkv::FusedQk(qk, v),
-                    _ => Qkv::Split(q, k, v),
+                // On the CPU q and k may still share a type when v does not.
+                None if device.is_cpu() => match Linear::fuse(&[&q, &k], device, kernels)? {
+                    Some(qk) => Qkv::FusedQk(qk, v),
+                    None => Qkv::Split(q, k, v),
                 },
+                None => Qkv::Split(q, k, v),
             };
             let gate = Linear::load(src, Role::Gate, i, cfg.intermediate_size, h, false, kernels)?;
             let up = Linear::load(src, Role::Up, i, cfg.intermediate_size, h, false, kernels)?;
