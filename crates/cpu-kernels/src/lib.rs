@@ -58,36 +58,25 @@ impl CpuMatmul {
     /// bit; a decode step then makes one parallel pass and quantises the input once where
     /// it made two or three (q/k/v, gate/up).
     pub fn fuse(parts: &[&CpuMatmul]) -> Option<Self> {
+        /// Every part as this variant's kernel, or `None` if one is another type.
+        fn all<'a, T>(
+            parts: &[&'a CpuMatmul],
+            as_t: fn(&'a CpuMatmul) -> Option<&'a T>,
+        ) -> Option<Vec<&'a T>> {
+            parts.iter().map(|p| as_t(p)).collect()
+        }
         match parts.first()? {
             Self::Q0(_) => {
-                let qs: Option<Vec<_>> = parts
-                    .iter()
-                    .map(|p| match p {
-                        Self::Q0(q) => Some(q),
-                        _ => None,
-                    })
-                    .collect();
-                Q0Matmul::fuse(&qs?).map(Self::Q0)
+                let qs = all(parts, |p| if let Self::Q0(q) = p { Some(q) } else { None })?;
+                Q0Matmul::fuse(&qs).map(Self::Q0)
             }
             Self::Q4K(_) => {
-                let qs: Option<Vec<_>> = parts
-                    .iter()
-                    .map(|p| match p {
-                        Self::Q4K(q) => Some(q),
-                        _ => None,
-                    })
-                    .collect();
-                Q4kMatmul::fuse(&qs?).map(Self::Q4K)
+                let qs = all(parts, |p| if let Self::Q4K(q) = p { Some(q) } else { None })?;
+                Q4kMatmul::fuse(&qs).map(Self::Q4K)
             }
             Self::Q6K(_) => {
-                let qs: Option<Vec<_>> = parts
-                    .iter()
-                    .map(|p| match p {
-                        Self::Q6K(q) => Some(q),
-                        _ => None,
-                    })
-                    .collect();
-                Q6kMatmul::fuse(&qs?).map(Self::Q6K)
+                let qs = all(parts, |p| if let Self::Q6K(q) = p { Some(q) } else { None })?;
+                Q6kMatmul::fuse(&qs).map(Self::Q6K)
             }
         }
     }
