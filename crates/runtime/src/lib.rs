@@ -12,6 +12,7 @@ pub mod cuda;
 mod device_spec;
 mod error;
 mod ggml_ops;
+mod gguf_tensor;
 mod kernel_options;
 mod kv;
 mod load;

@@ -213,7 +213,7 @@ impl WeightSource {
         let want = [shape.0, shape.1];
         match &mut self.source {
             Source::Gguf { content, file } => {
-                let qt = content.tensor(file, &name, &self.device).map_err(|e| {
+                let qt = read_gguf_tensor(content, file, &name, &self.device).map_err(|e| {
                     RuntimeError::BadTensor {
                         path: self.path.clone(),
                         name: name.clone(),
@@ -241,8 +241,7 @@ impl WeightSource {
 
     fn dense_by_name(&mut self, name: &str) -> Result<Tensor> {
         let t = match &mut self.source {
-            Source::Gguf { content, file } => content
-                .tensor(file, name, &self.device)
+            Source::Gguf { content, file } => read_gguf_tensor(content, file, name, &self.device)
                 .and_then(|q| q.dequantize(&self.device))
                 .map_err(|e| self.bad(name, e.to_string()))?,
             Source::Safetensors(st) => st
@@ -308,4 +307,20 @@ impl WeightSource {
         }
         Ok(())
     }
+}
+
+/// A GGUF tensor: read straight into its blocks on the CPU (one copy of the bytes, see
+/// `gguf_tensor`), through candle's reader elsewhere.
+fn read_gguf_tensor(
+    content: &gguf_file::Content,
+    file: &mut File,
+    name: &str,
+    device: &Device,
+) -> candle_core::Result<QTensor> {
+    if device.is_cpu() {
+        if let Some(t) = crate::gguf_tensor::read_cpu_qtensor(content, file, name)? {
+            return Ok(t);
+        }
+    }
+    content.tensor(file, name, device)
 }
