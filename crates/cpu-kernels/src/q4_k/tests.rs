@@ -181,7 +181,7 @@ fn speed() {
     // The last shape (131 MB) streams from DRAM, as a decode step's weights do.
     for (n, k) in [(8960, 1536), (1536, 8960), (151936, 1536)] {
         let w = q4k_weight(n, k, 1);
-        for m in [1, 4, 64, 512].into_iter().filter(|&m| n * m <= 1 << 24) {
+        for m in [1, 4, 8, 64, 512].into_iter().filter(|&m| n * m <= 1 << 24) {
             let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
             let reps = (2048 / m).max(8);
             let time = |f: &dyn Fn() -> Tensor| time_ms(reps, f);
@@ -191,6 +191,11 @@ fn speed() {
                 let ours = Q4kMatmul::with_kernel(&w, kernel).unwrap();
                 let (o, oc) = time(&|| ours.forward(&x, Some(&[m])).unwrap());
                 line += &format!(", {kernel:?} {o:.3} (cpu {oc:.3})");
+                if m == 8 {
+                    // Eight decode rows of eight sequences (a batched decode step).
+                    let (o, _) = time(&|| ours.forward(&x, None).unwrap());
+                    line += &format!(" decode rows {o:.3}");
+                }
             }
             println!("{line}");
         }
