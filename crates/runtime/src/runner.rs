@@ -7,7 +7,7 @@ use crate::attention_device::TensorKv;
 use crate::config::ModelConfig;
 use crate::error::{Result, RuntimeError};
 use crate::kv::{BlockManager, BlockTable, KvCapacity, KvStore, KvUsage, LayerKv, SeqId};
-use crate::model::Transformer;
+use crate::model::{ForwardOutput, Transformer};
 use candle_core::Tensor;
 use std::collections::HashSet;
 
@@ -313,28 +313,49 @@ impl Runner {
         Ok(())
     }
 
-    /// Run one ragged batch. On `OutOfBlocks` nothing was changed.
+    /// Run one ragged batch. On `OutOfBlocks` nothing was changed. On the CPU a step of
+    /// more than [`CPU_UBATCH`] tokens runs as several forward passes (see there).
     pub fn step(&mut self, rows: &[Row], opts: StepOptions) -> Result<StepOutput> {
         self.validate(rows)?;
         let wants: Vec<(SeqId, usize)> = rows.iter().map(|r| (r.seq, r.tokens.len())).collect();
         self.blocks.reserve(&wants)?;
-        let mut spans = Vec::with_capacity(rows.len());
+        let total: usize = rows.iter().map(|r| r.tokens.len()).sum();
+        if total <= CPU_UBATCH || !matches!(self.kv, KvStore::Host(_)) {
+            let pieces: Vec<(SeqId, &[u32])> =
+                rows.iter().map(|r| (r.seq, r.tokens.as_slice())).collect();
+            let out = self.forward_pass(&pieces, opts)?;
+            return Ok(StepOutput {
+                logits: out.logits,
+                hidden: out.hidden,
+            });
+        }
+        self.step_in_passes(rows, opts)
+    }
+
+    /// One forward pass over `pieces` (a sequence at most once; the blocks reserved), then
+    /// the sequences advanced by their tokens.
+    fn forward_pass(
+        &mut self,
+        pieces: &[(SeqId, &[u32])],
+        opts: StepOptions,
+    ) -> Result<ForwardOutput> {
+        let mut spans = Vec::with_capacity(pieces.len());
         let mut ids = Vec::new();
-        for r in rows {
+        for &(seq, tokens) in pieces {
             spans.push(RowSpan {
                 start: ids.len(),
-                len: r.tokens.len(),
-                past: self.blocks.seq_len(r.seq).unwrap_or(0),
+                len: tokens.len(),
+                past: self.blocks.seq_len(seq).unwrap_or(0),
             });
-            ids.extend_from_slice(&r.tokens);
+            ids.extend_from_slice(tokens);
         }
         let block_size = self.blocks.capacity().block_size;
         let out = {
-            let tables: Vec<&BlockTable> = rows
+            let tables: Vec<&BlockTable> = pieces
                 .iter()
-                .map(|r| {
-                    self.blocks.table(r.seq).ok_or_else(|| {
-                        RuntimeError::InvalidStep(format!("sequence {} has no blocks", r.seq))
+                .map(|&(seq, _)| {
+                    self.blocks.table(seq).ok_or_else(|| {
+                        RuntimeError::InvalidStep(format!("sequence {seq} has no blocks"))
                     })
                 })
                 .collect::<Result<_>>()?;
@@ -348,12 +369,78 @@ impl Runner {
                 opts.all_logits,
             )?
         };
-        for r in rows {
-            self.blocks.advance(r.seq, &r.tokens);
+        for &(seq, tokens) in pieces {
+            self.blocks.advance(seq, tokens);
         }
+        Ok(out)
+    }
+
+    /// `rows` (more than [`CPU_UBATCH`] tokens) as passes of up to that many tokens, filled
+    /// in token order (a long row continues in the next pass, as llama.cpp splits a batch
+    /// into ubatches); each row's results come from the pass that holds its last token (all
+    /// its positions', in order, with `all_logits`). If a later pass fails, earlier ones
+    /// have advanced their sequences.
+    fn step_in_passes(&mut self, rows: &[Row], opts: StepOptions) -> Result<StepOutput> {
+        let mut passes: Vec<Vec<(usize, std::ops::Range<usize>)>> = Vec::new();
+        let mut room = 0;
+        for (i, r) in rows.iter().enumerate() {
+            let mut at = 0;
+            while at < r.tokens.len() {
+                if room == 0 {
+                    passes.push(Vec::new());
+                    room = CPU_UBATCH;
+                }
+                let n = room.min(r.tokens.len() - at);
+                if let Some(pass) = passes.last_mut() {
+                    pass.push((i, at..at + n));
+                }
+                at += n;
+                room -= n;
+            }
+        }
+        // Per row its logits (and hidden states) rows: the last token's, or every token's.
+        let mut logits: Vec<Vec<Tensor>> = vec![Vec::new(); rows.len()];
+        let mut hidden: Vec<Vec<Tensor>> = vec![Vec::new(); rows.len()];
+        for pass in &passes {
+            let pieces: Vec<(SeqId, &[u32])> = pass
+                .iter()
+                .map(|(i, range)| (rows[*i].seq, &rows[*i].tokens[range.clone()]))
+                .collect();
+            let out = self.forward_pass(&pieces, opts)?;
+            let mut offset = 0;
+            for (q, (i, range)) in pass.iter().enumerate() {
+                let (at, len) = if opts.all_logits {
+                    offset += range.len();
+                    (offset - range.len(), range.len())
+                } else if range.end == rows[*i].tokens.len() {
+                    (q, 1)
+                } else {
+                    continue;
+                };
+                logits[*i].push(out.logits.narrow(0, at, len)?);
+                if let Some(h) = &out.hidden {
+                    hidden[*i].push(h.narrow(0, at, len)?);
+                }
+            }
+        }
+        let cat = |parts: Vec<Vec<Tensor>>| -> Result<Tensor> {
+            let parts: Vec<Tensor> = parts.into_iter().flatten().collect();
+            Ok(Tensor::cat(&parts, 0)?)
+        };
+        let hidden = if opts.want_hidden {
+            Some(cat(hidden)?)
+        } else {
+            None
+        };
         Ok(StepOutput {
-            logits: out.logits,
-            hidden: out.hidden,
+            logits: cat(logits)?,
+            hidden,
         })
     }
 }
+
+/// Tokens one forward pass takes at most on the CPU (llama.cpp's default `n_ubatch`). A
+/// pass holds activations for all its tokens (the 0.5B's MLP alone 60 MB for 1024, growing
+/// with the prompt), so a long prompt runs in passes of this many: peak memory stays that
+/// of a 512-token pass, and results are llama.cpp's, which splits prompts the same way.
+pub const CPU_UBATCH: usize = 512;

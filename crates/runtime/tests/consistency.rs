@@ -233,3 +233,79 @@ fn fused_projections_give_the_same_logits_bit_for_bit() {
         }
     }
 }
+
+/// A CPU step of more than `CPU_UBATCH` tokens runs as several forward passes; each row's
+/// results are those of the row alone split the same way, bit for bit (last-token and
+/// all-position logits, hidden states), and a row that fits one pass gets the results of
+/// one pass.
+#[test]
+fn long_steps_run_in_passes_with_the_results_of_rows_alone() {
+    use tokenrouter_runtime::runner::CPU_UBATCH;
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = SynthSpec::tiny(Arch::Qwen2, 4);
+    spec.hidden_size = 256;
+    spec.intermediate_size = 512;
+    spec.head_dim = 64;
+    spec.max_position = 4096;
+    // Three rows past a pass: alone in a pass they round like llama.cpp's vec_dot for Q6_K,
+    // within one pass of 515 rows like its tiled kernel, so one pass would fail this.
+    let (long, short) = (CPU_UBATCH + 3, 300);
+    for dt in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        let p = write_gguf(&spec, &dir.path().join(format!("{dt:?}.gguf")), dt).unwrap();
+        let o = LoadOptions {
+            kv: KvBudget::Tokens(4096),
+            ..LoadOptions::default()
+        };
+        let mut m = load_model(&p, &o).unwrap();
+        let r = &mut m.runner;
+        let bits = |t: &candle_core::Tensor| -> Vec<u32> {
+            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            v.into_iter().map(f32::to_bits).collect()
+        };
+        for all_logits in [false, true] {
+            let opts = StepOptions {
+                want_hidden: true,
+                all_logits,
+            };
+            let (a, b) = (prompt(long, 1), prompt(short, 2));
+            let both = r
+                .step(&[Row::new(1, a.clone()), Row::new(2, b.clone())], opts)
+                .unwrap();
+            // Alone: the long row in the same two pieces, the short one in one step.
+            let first = r
+                .step(&[Row::new(3, a[..CPU_UBATCH].to_vec())], opts)
+                .unwrap();
+            let rest = r
+                .step(&[Row::new(3, a[CPU_UBATCH..].to_vec())], opts)
+                .unwrap();
+            let alone_b = r.step(&[Row::new(4, b.clone())], opts).unwrap();
+            let mut want_logits = Vec::new();
+            if all_logits {
+                want_logits.extend(bits(&first.logits));
+            }
+            want_logits.extend(bits(&rest.logits));
+            want_logits.extend(bits(&alone_b.logits));
+            let rows = if all_logits { long + short } else { 2 };
+            assert_eq!(both.logits.dim(0).unwrap(), rows, "{dt:?}");
+            assert!(
+                bits(&both.logits) == want_logits,
+                "{dt:?} all={all_logits}: logits"
+            );
+            let hidden = both.hidden.as_ref().unwrap();
+            // With all_logits the hidden states are every position's too.
+            let mut want_hidden = Vec::new();
+            for (out, wanted) in [(&first, all_logits), (&rest, true), (&alone_b, true)] {
+                if wanted {
+                    want_hidden.extend(bits(out.hidden.as_ref().unwrap()));
+                }
+            }
+            assert!(
+                bits(hidden) == want_hidden,
+                "{dt:?} all={all_logits}: hidden"
+            );
+            for s in 1..=4 {
+                r.free(s);
+            }
+        }
+    }
+}

@@ -201,3 +201,52 @@ fn speed() {
         }
     }
 }
+
+/// The Q4_K matrices of a 1.5B decode step one after another (28 layers of q, k, v, o, gate,
+/// up, down: 730 MB, each cold from DRAM as in a real step, unlike `speed`'s one matrix read
+/// again and again), one activation row: the rate a step streams its weights at.
+#[test]
+#[ignore]
+fn speed_cold_step() {
+    let shapes = [
+        (1536, 1536),
+        (256, 1536),
+        (256, 1536),
+        (1536, 1536),
+        (8960, 1536),
+        (8960, 1536),
+        (1536, 8960),
+    ];
+    let sources: Vec<QMatMul> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| q4k_weight(n, k, i as u64))
+        .collect();
+    let inputs: Vec<Tensor> = shapes
+        .iter()
+        .map(|&(_, k)| Tensor::from_vec(values(k, 3), (1, k), &Device::Cpu).unwrap())
+        .collect();
+    let bytes: usize = shapes
+        .iter()
+        .map(|&(n, k)| n / 16 * k / 256 * TILE_BYTES)
+        .sum();
+    for kernel in kernels().into_iter().skip(1) {
+        let layers: Vec<Vec<Q4kMatmul>> = (0..28)
+            .map(|_| {
+                sources
+                    .iter()
+                    .map(|w| Q4kMatmul::with_kernel(w, kernel).unwrap())
+                    .collect()
+            })
+            .collect();
+        let (ms, _) = time_ms(5, &|| {
+            for layer in &layers {
+                for (w, x) in layer.iter().zip(&inputs) {
+                    w.forward(x, Some(&[1])).unwrap();
+                }
+            }
+        });
+        let gb_s = 28.0 * bytes as f64 / ms / 1e6;
+        println!("{kernel:?}: {ms:.2} ms a step, {gb_s:.1} GB/s");
+    }
+}
