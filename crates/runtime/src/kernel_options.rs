@@ -22,7 +22,8 @@ pub struct KernelOptions {
     /// Q4_K / Q6_K weights on the CPU.
     pub cpu_qk: CpuKernel,
     /// Stack q/k/v and gate/up into one CPU matmul each where their types agree (off by
-    /// default: one A/B round was mixed and the stacked copies raised peak memory).
+    /// default: three alternating rounds had prefill 4-8% slower with it, decode and
+    /// batches mixed; docs/benchmarks.md, session 27).
     pub cpu_fuse: bool,
     /// The fused CUDA forward (off: candle ops only).
     pub fused_kernels: bool,

@@ -189,7 +189,7 @@ fn every_quant_type_loads_and_tracks_f32() {
     }
 }
 
-/// q/k/v and gate/up stacked into one CPU matmul each (`cpu_fuse`, the default) give the
+/// q/k/v and gate/up stacked into one CPU matmul each (`cpu_fuse`, off by default) give the
 /// logits of the separate matmuls bit for bit: a prompt, a batch of decode rows and a
 /// second sequence's extend, for weight types of each of our CPU kernels.
 #[test]
