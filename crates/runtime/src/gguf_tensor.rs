@@ -12,11 +12,28 @@
 
 use candle_core::quantized::k_quants::{self, GgmlType};
 use candle_core::quantized::{gguf_file, GgmlDType, QStorage, QTensor};
+use candle_core::Device;
 use std::io::{Read, Seek, SeekFrom};
 
+/// The tensor `name` of `content` from `file`: straight into its blocks on the CPU,
+/// through candle's reader on other devices and for block types read here has no case for.
+pub fn read_tensor(
+    content: &gguf_file::Content,
+    file: &mut std::fs::File,
+    name: &str,
+    device: &Device,
+) -> candle_core::Result<QTensor> {
+    if device.is_cpu() {
+        if let Some(t) = read_cpu_qtensor(content, file, name)? {
+            return Ok(t);
+        }
+    }
+    content.tensor(file, name, device)
+}
+
 /// The tensor `name` of `content` from `file`, on the CPU. `Ok(None)` for a block type read
-/// here has no case for (the caller falls back to candle's reader).
-pub fn read_cpu_qtensor<R: Read + Seek>(
+/// here has no case for.
+fn read_cpu_qtensor<R: Read + Seek>(
     content: &gguf_file::Content,
     file: &mut R,
     name: &str,
@@ -87,7 +104,7 @@ fn read_blocks<T: GgmlType + Send + Sync + 'static, R: Read>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Tensor};
+    use candle_core::Tensor;
 
     /// Every block type our models use reads back as candle's own reader reads it.
     #[test]

@@ -213,13 +213,12 @@ impl WeightSource {
         let want = [shape.0, shape.1];
         match &mut self.source {
             Source::Gguf { content, file } => {
-                let qt = read_gguf_tensor(content, file, &name, &self.device).map_err(|e| {
-                    RuntimeError::BadTensor {
+                let qt = crate::gguf_tensor::read_tensor(content, file, &name, &self.device)
+                    .map_err(|e| RuntimeError::BadTensor {
                         path: self.path.clone(),
                         name: name.clone(),
                         reason: e.to_string(),
-                    }
-                })?;
+                    })?;
                 let dims = qt.shape().dims().to_vec();
                 self.check_shape(&name, &dims, &want)?;
                 Ok(Arc::new(qt))
@@ -241,9 +240,11 @@ impl WeightSource {
 
     fn dense_by_name(&mut self, name: &str) -> Result<Tensor> {
         let t = match &mut self.source {
-            Source::Gguf { content, file } => read_gguf_tensor(content, file, name, &self.device)
-                .and_then(|q| q.dequantize(&self.device))
-                .map_err(|e| self.bad(name, e.to_string()))?,
+            Source::Gguf { content, file } => {
+                crate::gguf_tensor::read_tensor(content, file, name, &self.device)
+                    .and_then(|q| q.dequantize(&self.device))
+                    .map_err(|e| self.bad(name, e.to_string()))?
+            }
             Source::Safetensors(st) => st
                 .load(name, &self.device)
                 .map_err(|e| self.bad(name, e.to_string()))?,
@@ -307,20 +308,4 @@ impl WeightSource {
         }
         Ok(())
     }
-}
-
-/// A GGUF tensor: read straight into its blocks on the CPU (one copy of the bytes, see
-/// `gguf_tensor`), through candle's reader elsewhere.
-fn read_gguf_tensor(
-    content: &gguf_file::Content,
-    file: &mut File,
-    name: &str,
-    device: &Device,
-) -> candle_core::Result<QTensor> {
-    if device.is_cpu() {
-        if let Some(t) = crate::gguf_tensor::read_cpu_qtensor(content, file, name)? {
-            return Ok(t);
-        }
-    }
-    content.tensor(file, name, device)
 }
