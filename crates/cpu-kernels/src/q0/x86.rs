@@ -154,8 +154,9 @@ macro_rules! x86_kernels {
                 super::hsum8(v)
             }
 
-            /// Weight rows `ws` (at most eight) against eight activation rows `acts`, whose
-            /// block scales are interleaved in `scales` (`[kb, 8]`). `dots[i]` gets weight
+            /// Weight rows `ws` (at most eight) against a tile of eight activation rows
+            /// ([`super::super::ActTiles`]: `lines` holds their values and `sums16` per
+            /// block and row; `scales` their block scales, `[kb, 8]`). `dots[i]` gets weight
             /// row i's eight products.
             ///
             /// # Safety
@@ -164,19 +165,14 @@ macro_rules! x86_kernels {
             pub(in crate::q0) unsafe fn dot_acts(
                 format: Format,
                 ws: &[&[u8]],
-                acts: &[&[u8]; TILE],
-                sums16: &[&[i32]; TILE],
+                lines: &[[u8; 64]],
                 scales: &[f32],
                 dots: &mut [[f32; TILE]; TILE],
             ) {
                 let kb = scales.len() / TILE;
                 // Real checks: the loops read kb blocks of every row through raw pointers.
                 assert!(scales.len() == kb * TILE && ws.len() <= TILE);
-                for (q, s) in acts.iter().zip(sums16) {
-                    assert!(q.len() == kb * Q8_BYTES && s.len() == kb * 8);
-                }
-                let qp = acts.map(|q| q.as_ptr().add(2));
-                let sp = sums16.map(|s| s.as_ptr());
+                assert!(lines.len() == kb * TILE);
                 let wbytes = format.block_bytes();
                 for (w, dots) in ws.iter().zip(dots.iter_mut()) {
                     assert!(w.len() == kb * wbytes);
@@ -185,10 +181,11 @@ macro_rules! x86_kernels {
                         let wb = w.as_ptr().add(b * wbytes);
                         let wv = weights(format, wb);
                         let dw = f16_to_f32(wb);
-                        let off = b * Q8_BYTES;
+                        let line = lines.as_ptr().add(b * TILE) as *const u8;
                         for (i, acc) in acc.iter_mut().enumerate() {
+                            let y = line.add(i * 64);
                             let d = _mm256_set1_ps(dw * *scales.get_unchecked(b * TILE + i));
-                            let l = lanes(format, wv, qp[i].add(off), sp[i].add(b * 8));
+                            let l = lanes(format, wv, y, y.add(32) as *const i32);
                             *acc = _mm256_fmadd_ps(d, l, *acc);
                         }
                     }
