@@ -181,6 +181,11 @@ fn attend_group(
     o: &mut [f32],
 ) {
     let g = q.len() / hd;
+    // Every pass and head reads key j's offset: look each up once (a paged cache's lookup
+    // divides by the block size, and a division per head and pass cost more than the
+    // arithmetic it fed).
+    let offsets: Vec<usize> = (0..n).map(base).collect();
+    let base = |j: usize| offsets[j];
     // Cached rows are short strided runs scattered over the cache's blocks, too irregular
     // for the hardware prefetcher: the first head's pass fetches a few keys ahead.
     let ahead = |j: usize| (j + PREFETCH_KEYS < n).then(|| base(j + PREFETCH_KEYS));
