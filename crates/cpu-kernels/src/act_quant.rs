@@ -5,7 +5,7 @@
 //! `1 / (amax / 127)`. The differences are rare (an exact tie, or a product one ulp apart)
 //! but each moves an activation by a whole quantisation step.
 
-use candle_core::quantized::k_quants::{BlockQ8K, BlockQ8_0};
+use candle_core::quantized::k_quants::{BlockQ8K, BlockQ8_0, GgmlType};
 
 /// Values per Q8_0 block.
 const QK8_0: usize = 32;
@@ -48,6 +48,23 @@ pub fn quantize_q8_0(x: &[f32], blocks: &mut [BlockQ8_0]) {
     }
 }
 
+/// `x`, `m` rows of `k` values (a multiple of 256), into Q8_K blocks row by row
+/// ([`quantize_q8k`]), the rows of a batch spread over the pool (a 512-token prompt's
+/// 8960-wide rows on one thread left the other core idle for milliseconds a layer).
+pub fn quantize_rows_q8k(x: &[f32], k: usize) -> Vec<BlockQ8K> {
+    let (m, kb) = (x.len() / k, k / QK_K);
+    let mut blocks = vec![BlockQ8K::zeros(); m * kb];
+    let bp = crate::SharedMut(blocks.as_mut_ptr());
+    crate::par_chunks(m, if m > 1 { m * kb * 8 } else { 0 }, |rows| {
+        for r in rows {
+            // SAFETY: row r owns blocks r*kb..(r+1)*kb; `blocks` outlives the call.
+            let dst = unsafe { std::slice::from_raw_parts_mut(bp.get().add(r * kb), kb) };
+            quantize_q8k(&x[r * k..(r + 1) * k], dst);
+        }
+    });
+    blocks
+}
+
 /// `x` (a multiple of 256 values) into Q8_K blocks as llama.cpp's `quantize_row_q8_K_ref`:
 /// the value of largest magnitude `max` maps to -127, `q = min(127, round_ties_even(x *
 /// (-127 / max)))`, `d = 1 / (-127 / max)`, and the sums of each 16 quants.
@@ -88,7 +105,6 @@ pub fn quantize_q8k(x: &[f32], blocks: &mut [BlockQ8K]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::quantized::k_quants::GgmlType;
 
     #[test]
     fn q8_0_rounds_ties_to_even() {

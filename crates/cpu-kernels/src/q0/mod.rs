@@ -252,53 +252,32 @@ struct QuantizedLhs {
     /// `scales` as `[m.div_ceil(TILE), kb, TILE]` (zero past row `m`), so a tile kernel
     /// finds one block's eight values side by side.
     tiled_scales: Vec<f32>,
-    /// `[m, kb, 8]`: 16 times the sums of each block's values 4l..4l+4. The x86 kernels
-    /// multiply Q5_0 weights as unsigned `x + 16` and subtract these to get the lanes of
-    /// the products with `x`.
-    sums16: Vec<i32>,
+    /// `[kb, 8]` for the last row when it is a tile of its own (the x86 single-row kernel's
+    /// input, see [`lane_sums16`]).
+    last_sums16: Vec<i32>,
     /// The tiles' row pairs for the 512-bit kernel (several rows on a CPU that runs it).
     pairs: Option<RowPairs>,
     /// The tiles as the 256-bit tile kernel reads them (several rows, no row pairs).
-    tiles: Option<ActTiles>,
+    lines: Option<Vec<[u8; 64]>>,
     kb: usize,
 }
 
-/// Activation tiles as the 256-bit x86 kernels read them, each block's eight rows side by
-/// side (rows past `m` repeat the tile's first row): tile t's block b at `(t * kb + b) * 8`
-/// cache lines, row i's line holding its 32 values and then its eight `sums16` lanes. One
-/// pointer then reaches all eight rows, where eight rows apart took sixteen pointers and
-/// the loop reloaded them from the stack (`q0 speed` AVX2, 512 rows, three alternating
-/// runs: [4864x896] 30.7 -> 29.8 ms, [896x4864] 34.7 -> 32.0). Tried and slower: the scale
-/// products `d_w * d_x` made for a whole weight row first and broadcast from memory (36.5).
-struct ActTiles(Vec<[u8; 64]>);
-
-impl ActTiles {
-    fn new(blocks: &[u8], sums16: &[i32], m: usize, kb: usize) -> Self {
-        let tiles = m.div_ceil(TILE);
-        let mut lines = vec![[0u8; 64]; tiles * kb * TILE];
-        for (t, lines) in lines.chunks_exact_mut(kb * TILE).enumerate() {
-            for i in 0..TILE {
-                let r = if t * TILE + i < m {
-                    t * TILE + i
-                } else {
-                    t * TILE
-                };
-                for b in 0..kb {
-                    let line = &mut lines[b * TILE + i];
-                    let at = r * kb + b;
-                    line[..32].copy_from_slice(&blocks[at * Q8_BYTES + 2..(at + 1) * Q8_BYTES]);
-                    for (o, s) in line[32..]
-                        .chunks_exact_mut(4)
-                        .zip(&sums16[at * 8..at * 8 + 8])
-                    {
-                        o.copy_from_slice(&s.to_ne_bytes());
-                    }
-                }
-            }
-        }
-        Self(lines)
-    }
+/// 16 times the sums of a block's values 4l..4l+4 (`qs`: its 32 values). The x86 kernels
+/// multiply Q5_0 weights as unsigned `x + 16` and subtract these to get the lanes of the
+/// products with `x`.
+fn lane_sums16(qs: &[u8]) -> impl Iterator<Item = i32> + '_ {
+    qs.chunks_exact(4)
+        .map(|q| 16 * q.iter().map(|&v| v as i8 as i32).sum::<i32>())
 }
+
+// The 256-bit x86 kernels read a tile of activations as cache lines (`QuantizedLhs::lines`),
+// each block's eight rows side by side (rows past `m` repeat the tile's first row): tile t's
+// block b at `(t * kb + b) * 8` lines, row i's line holding its 32 values and then its
+// eight `lane_sums16`. One pointer then reaches all eight rows, where eight rows apart took
+// sixteen pointers and the loop reloaded them from the stack (`q0 speed` AVX2, 512 rows,
+// three alternating runs: [4864x896] 30.7 -> 29.8 ms, [896x4864] 34.7 -> 32.0). Tried and
+// slower: the scale products `d_w * d_x` made for a whole weight row first and broadcast
+// from memory (36.5).
 
 /// Activation tiles as the 512-bit kernel reads them: for tile t, block b and row pair p
 /// (rows 2p, 2p+1 of the tile, padded with its first row) at index `(t * kb + b) * 4 + p`,
@@ -310,19 +289,32 @@ struct RowPairs {
 }
 
 impl QuantizedLhs {
-    /// `x` quantised, with what `kernel` reads besides: the 512-bit row pairs for a batch
-    /// on `Avx512Vnni` (where the CPU runs them), and the x86 kernels' `sums16` for the
-    /// tiles that run without them.
+    /// `x` quantised, with what `kernel` reads besides: for a batch the 512-bit row pairs
+    /// on `Avx512Vnni` (where the CPU runs them), the 256-bit kernels' lines otherwise, and
+    /// the single-row kernel's sums for a last row alone in its tile. Each row fills its own
+    /// slots (and a short last tile's padding) on the pool: made afterwards on one thread,
+    /// a 512-token prompt's tiles left the other core idle.
     fn new(x: &[f32], m: usize, k: usize, kernel: Kernel) -> Self {
         let kb = k / QK;
+        let tiles = m.div_ceil(TILE);
+        let use_pairs = m > 1 && kernel == Kernel::Avx512Vnni && pairs_kernel_available();
+        let use_lines = m > 1 && !use_pairs && kernel != Kernel::Scalar;
         let mut blocks = vec![BlockQ8_0::zeros(); m * kb];
         let mut scales = vec![0f32; m * kb];
+        let mut lines = vec![[0u8; 64]; if use_lines { tiles * kb * TILE } else { 0 }];
+        let (mut ybias, mut dpair) = match use_pairs {
+            true => (vec![0u8; tiles * kb * 4 * 64], vec![0f32; tiles * kb * 64]),
+            false => (Vec::new(), Vec::new()),
+        };
         let ptrs = (
             SharedMut(blocks.as_mut_ptr()),
             SharedMut(scales.as_mut_ptr()),
+            SharedMut(lines.as_mut_ptr()),
+            SharedMut(ybias.as_mut_ptr()),
+            SharedMut(dpair.as_mut_ptr()),
         );
         par_chunks(m, m * kb, |rows| {
-            let (bp, sp) = ptrs;
+            let (bp, sp, lp, yp, dp) = ptrs;
             for r in rows {
                 // SAFETY: row r owns elements r*kb..(r+1)*kb of both vectors, which outlive
                 // the call.
@@ -336,65 +328,69 @@ impl QuantizedLhs {
                 for (s, blk) in s.iter_mut().zip(as_bytes(b).chunks_exact(Q8_BYTES)) {
                     *s = f16_at(blk, 0);
                 }
-            }
-        });
-        let use_pairs = m > 1 && kernel == Kernel::Avx512Vnni && pairs_kernel_available();
-        let pairs = use_pairs.then(|| {
-            let tiles = m.div_ceil(TILE);
-            let (mut ybias, mut dpair) =
-                (vec![0u8; tiles * kb * 4 * 64], vec![0f32; tiles * kb * 64]);
-            let bytes = as_bytes(&blocks);
-            for t in 0..tiles {
-                let row = |i: usize| {
-                    if t * TILE + i < m {
-                        t * TILE + i
-                    } else {
-                        t * TILE
-                    }
+                if !use_lines && !use_pairs {
+                    continue;
+                }
+                // The tile slots this row fills: its own, and a short last tile's padding
+                // when it is that tile's first row.
+                let (t, i) = (r / TILE, r % TILE);
+                let pad = if i == 0 {
+                    (m - r).min(TILE)..TILE
+                } else {
+                    0..0
                 };
-                for b in 0..kb {
-                    for p in 0..4 {
-                        let at = (t * kb + b) * 4 + p;
-                        for h in 0..2 {
-                            let r = row(2 * p + h);
-                            let blk = &bytes[(r * kb + b) * Q8_BYTES..(r * kb + b + 1) * Q8_BYTES];
-                            for (o, &v) in ybias[at * 64 + 32 * h..at * 64 + 32 * h + 32]
-                                .iter_mut()
-                                .zip(&blk[2..])
-                            {
+                for slot in std::iter::once(i).chain(pad) {
+                    for (blk, (blk_i, &d)) in
+                        as_bytes(b).chunks_exact(Q8_BYTES).zip(s.iter().enumerate())
+                    {
+                        let qs = &blk[2..];
+                        let at = t * kb + blk_i;
+                        // SAFETY (both): slot `slot` of tile t belongs to this row alone
+                        // (rows partition the slots: own slots, and padding only from a
+                        // tile's first row); the vectors outlive the call.
+                        if use_lines {
+                            let line = unsafe { &mut *lp.get().add(at * TILE + slot) };
+                            line[..32].copy_from_slice(qs);
+                            for (o, v) in line[32..].chunks_exact_mut(4).zip(lane_sums16(qs)) {
+                                o.copy_from_slice(&v.to_ne_bytes());
+                            }
+                        } else {
+                            let (p, h) = (at * 4 + slot / 2, slot % 2);
+                            let (yb, dd) = unsafe {
+                                (
+                                    std::slice::from_raw_parts_mut(
+                                        yp.get().add(p * 64 + 32 * h),
+                                        32,
+                                    ),
+                                    std::slice::from_raw_parts_mut(dp.get().add(p * 16 + 8 * h), 8),
+                                )
+                            };
+                            for (o, &v) in yb.iter_mut().zip(qs) {
                                 *o = v ^ 0x80;
                             }
-                            dpair[at * 16 + 8 * h..at * 16 + 8 * h + 8].fill(scales[r * kb + b]);
+                            dd.fill(d);
                         }
                     }
                 }
             }
-            RowPairs { ybias, dpair }
         });
-        // The x86 single-row kernel (`dot_weights`: decode, or a last tile of one row) reads
-        // `sums16`; the batch tiles read the row pairs when they exist.
-        let single_rows = !use_pairs || m % TILE == 1;
-        let sums16 = if kernel == Kernel::Scalar || !single_rows {
-            Vec::new()
-        } else {
-            as_bytes(&blocks)
-                .chunks_exact(Q8_BYTES)
-                .flat_map(|b| {
-                    b[2..]
-                        .chunks_exact(4)
-                        .map(|q| 16 * q.iter().map(|&v| v as i8 as i32).sum::<i32>())
-                })
+        // The x86 single-row kernel (`dot_weights`: decode, or a last tile of one row)
+        // reads the row's `lane_sums16`.
+        let last_sums16 = if kernel != Kernel::Scalar && m % TILE == 1 {
+            let row = &as_bytes(&blocks)[(m - 1) * kb * Q8_BYTES..];
+            row.chunks_exact(Q8_BYTES)
+                .flat_map(|b| lane_sums16(&b[2..]))
                 .collect()
+        } else {
+            Vec::new()
         };
-        let tiles = (m > 1 && !use_pairs && kernel != Kernel::Scalar)
-            .then(|| ActTiles::new(as_bytes(&blocks), &sums16, m, kb));
         Self {
             tiled_scales: interleave(&scales, m, kb),
             blocks,
             scales,
-            sums16,
-            pairs,
-            tiles,
+            last_sums16,
+            pairs: use_pairs.then_some(RowPairs { ybias, dpair }),
+            lines: use_lines.then_some(lines),
             kb,
         }
     }
@@ -413,15 +409,15 @@ impl QuantizedLhs {
     /// Tile `start / TILE`'s lines for the 256-bit kernels, when made.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn tile_lines(&self, start: usize) -> Option<&[[u8; 64]]> {
-        let a = self.tiles.as_ref()?;
-        let (t, kb) = (start / TILE, self.kb);
-        Some(&a.0[t * kb * TILE..(t + 1) * kb * TILE])
+        let (lines, kb) = (self.lines.as_ref()?, self.kb);
+        let t = start / TILE;
+        Some(&lines[t * kb * TILE..(t + 1) * kb * TILE])
     }
 
-    /// Row `r`'s `sums16`.
+    /// The last row's `lane_sums16`, when it is a tile of its own.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn row_sums16(&self, r: usize) -> &[i32] {
-        &self.sums16[r * self.kb * 8..(r + 1) * self.kb * 8]
+    fn last_row_sums16(&self) -> &[i32] {
+        &self.last_sums16
     }
 
     /// Row `r`'s blocks as bytes.
@@ -616,10 +612,12 @@ fn dot_weights(
     r: usize,
 ) -> [f32; TILE] {
     let (q, s) = (lhs.row(r), lhs.row_scales(r));
+    // Only a batch's last row runs alone (its sums are the ones kept).
+    debug_assert!(kernel == Kernel::Scalar || (r + 1) * lhs.kb == lhs.blocks.len());
     #[cfg(target_arch = "x86_64")]
     let x86 = |f: WeightsKernel| {
         // SAFETY: as in `dot_acts`.
-        unsafe { f(format, ws, q, lhs.row_sums16(r), s) }
+        unsafe { f(format, ws, q, lhs.last_row_sums16(), s) }
     };
     match kernel {
         Kernel::Scalar => ws.map(|w| dot_scalar(format, w, q, s)),

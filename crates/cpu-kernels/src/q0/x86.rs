@@ -155,8 +155,8 @@ macro_rules! x86_kernels {
             }
 
             /// Weight rows `ws` (at most eight) against a tile of eight activation rows
-            /// ([`super::super::ActTiles`]: `lines` holds their values and `sums16` per
-            /// block and row; `scales` their block scales, `[kb, 8]`). `dots[i]` gets weight
+            /// (`lines`, see `QuantizedLhs::lines`: their values and lane sums per block
+            /// and row; `scales` their block scales, `[kb, 8]`). `dots[i]` gets weight
             /// row i's eight products.
             ///
             /// # Safety

@@ -15,7 +15,7 @@
 //! to the last multiple of four) add to the chains every 64 values, the others (its gemv)
 //! every 256-value block; see `dot_scalar`.
 
-use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
+use candle_core::quantized::k_quants::BlockQ8K;
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
@@ -316,15 +316,7 @@ fn matmul(
         return Ok(());
     }
     // Activations as llama.cpp quantizes them, row by row.
-    let mut lhs = vec![BlockQ8K::zeros(); m * kb];
-    let lp = SharedMut(lhs.as_mut_ptr());
-    par_chunks(m, if m > 1 { m * kb * 8 } else { 0 }, |rows| {
-        for r in rows {
-            // SAFETY: row r owns blocks r*kb..(r+1)*kb; `lhs` outlives the call.
-            let dst = unsafe { std::slice::from_raw_parts_mut(lp.get().add(r * kb), kb) };
-            super::act_quant::quantize_q8k(&x[r * k..(r + 1) * k], dst);
-        }
-    });
+    let lhs = super::act_quant::quantize_rows_q8k(x, k);
     let lhs = as_bytes(&lhs);
     let row_bytes = kb * Q8K_BYTES;
     let m_units = m.div_ceil(MT);

@@ -18,7 +18,7 @@
 //! sum per block); when a call has at least `tiled::MIN_ROWS` of them they go through
 //! weights unpacked once into 16-row tiles (`tiled.rs`), three times faster in a prefill.
 
-use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
+use candle_core::quantized::k_quants::BlockQ8K;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
@@ -215,10 +215,7 @@ fn matvec(
     if n == 0 || m == 0 {
         return Ok(());
     }
-    let mut lhs = vec![BlockQ8K::zeros(); m * kb];
-    for (xr, blocks) in x.chunks_exact(k).zip(lhs.chunks_exact_mut(kb)) {
-        super::act_quant::quantize_q8k(xr, blocks);
-    }
+    let lhs = super::act_quant::quantize_rows_q8k(x, k);
     let lhs = as_bytes(&lhs);
     let row_bytes = kb * Q6K_BYTES;
     let out_ptr = SharedMut(out.as_mut_ptr());

@@ -76,10 +76,7 @@ fn unpacked_tiles_equal_the_row_kernels() {
     let mut want = vec![0f32; m * n];
     matvec(Kernel::Scalar, &data, n, k, &x, &mut want, &[true; 37]).unwrap();
     let kb = k / QK_K;
-    let mut lhs = vec![BlockQ8K::zeros(); m * kb];
-    for (xr, blocks) in x.chunks_exact(k).zip(lhs.chunks_exact_mut(kb)) {
-        crate::act_quant::quantize_q8k(xr, blocks);
-    }
+    let lhs = crate::act_quant::quantize_rows_q8k(&x, k);
     let rows: Vec<usize> = (0..m).collect();
     for kernel in kernels() {
         let mut got = vec![0f32; m * n];
