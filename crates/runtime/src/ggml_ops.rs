@@ -10,15 +10,56 @@
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     let n = w.len();
     let mut y = vec![0f32; x.len()];
-    for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+    par_fill(&mut y, n, |at, yr| {
+        let xr = &x[at..at + yr.len()];
         let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
         let mean = (sum / n as f64) as f32;
         let scale = 1.0 / (mean + eps).sqrt();
         for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
             *o = v * scale * g;
         }
-    }
+    });
     y
+}
+
+/// Fills `out` in pieces of `piece` values (the last may be shorter), `f(offset, piece)`,
+/// on candle's pool when there is enough of it: one thread alone on a 512-token prompt's
+/// activations left the other cores idle.
+fn par_fill(out: &mut [f32], piece: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let pieces = out.len().div_ceil(piece.max(1));
+    if out.len() < PARALLEL_VALUES || pieces < 2 {
+        for (i, o) in out.chunks_mut(piece.max(1)).enumerate() {
+            f(i * piece, o);
+        }
+        return;
+    }
+    let (len, base) = (out.len(), SharedOut(out.as_mut_ptr()));
+    candle_core::utils::barrier_pool().execute_chunked(pieces, |range| {
+        for i in range {
+            let at = i * piece;
+            // SAFETY: pieces are disjoint and `out` outlives the pool call.
+            let o =
+                unsafe { std::slice::from_raw_parts_mut(base.get().add(at), piece.min(len - at)) };
+            f(at, o);
+        }
+    });
+}
+
+/// Values below which `par_fill` stays on the calling thread (a pool call costs a few
+/// microseconds; a decode step's rows are done sooner).
+const PARALLEL_VALUES: usize = 1 << 16;
+
+/// `out`'s base pointer, shared by the pool's workers (each writes its own pieces).
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: workers write disjoint pieces (see `par_fill`).
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
 }
 
 /// ggml's AVX2 `ggml_v_expf` for one lane (same constants, same fused multiply-adds).
@@ -56,10 +97,13 @@ pub fn v_expf(x: f32) -> f32 {
 
 /// `silu(gate) * up` as ggml's `swiglu` (AVX2: `x / (1 + v_expf(-x))`, then the product).
 pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    gate.iter()
-        .zip(up)
-        .map(|(&x, &g)| x / (1.0 + v_expf(0.0 - x)) * g)
-        .collect()
+    let mut y = vec![0f32; gate.len().min(up.len())];
+    par_fill(&mut y, 4096, |at, out| {
+        for ((o, &x), &g) in out.iter_mut().zip(&gate[at..]).zip(&up[at..]) {
+            *o = x / (1.0 + v_expf(0.0 - x)) * g;
+        }
+    });
+    y
 }
 
 #[cfg(test)]
@@ -75,6 +119,30 @@ mod tests {
         }
         assert_eq!(v_expf(-200.0), 0.0);
         assert!(v_expf(200.0).is_infinite());
+    }
+
+    #[test]
+    fn large_inputs_split_over_the_pool_give_the_inline_values() {
+        // Above `PARALLEL_VALUES` the work runs in pieces on the pool: every value must be
+        // what the one-row (inline) computation gives, bit for bit.
+        let n = 896;
+        let x: Vec<f32> = (0..n * 100)
+            .map(|i| ((i * 7919) % 1013) as f32 / 97.0 - 5.0)
+            .collect();
+        let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 13) as f32 / 8.0).collect();
+        assert!(x.len() >= PARALLEL_VALUES);
+        let y = rms_norm(&x, &w, 1e-6);
+        for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact(n)) {
+            assert_eq!(rms_norm(xr, &w, 1e-6), yr);
+        }
+        let up: Vec<f32> = x.iter().rev().copied().collect();
+        let s = swiglu(&x, &up);
+        for (i, v) in s.iter().enumerate() {
+            assert_eq!(
+                v.to_bits(),
+                swiglu(&x[i..i + 1], &up[i..i + 1])[0].to_bits()
+            );
+        }
     }
 
     #[test]

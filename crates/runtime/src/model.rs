@@ -523,11 +523,9 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
     if !x.device().is_cpu() || x.dtype() != DType::F32 || w.dtype() != DType::F32 {
         return candle_nn::ops::rms_norm(x, w, eps);
     }
-    let y = crate::ggml_ops::rms_norm(
-        &x.flatten_all()?.to_vec1::<f32>()?,
-        &w.to_vec1::<f32>()?,
-        eps,
-    );
+    let y = cpu_values(x, |xs| {
+        cpu_values(w, |ws| crate::ggml_ops::rms_norm(xs, ws, eps))
+    })??;
     Tensor::from_vec(y, x.shape(), x.device())
 }
 
@@ -536,9 +534,20 @@ fn swiglu(g: &Tensor, u: &Tensor) -> candle_core::Result<Tensor> {
     if !g.device().is_cpu() || g.dtype() != DType::F32 {
         return candle_nn::ops::silu(g)? * u;
     }
-    let y = crate::ggml_ops::swiglu(
-        &g.flatten_all()?.to_vec1::<f32>()?,
-        &u.flatten_all()?.to_vec1::<f32>()?,
-    );
+    let y = cpu_values(g, |gs| cpu_values(u, |us| crate::ggml_ops::swiglu(gs, us)))??;
     Tensor::from_vec(y, g.shape(), g.device())
+}
+
+/// `f` of an f32 CPU tensor's values in order: read in place when they lie contiguous in
+/// its storage, copied out otherwise (in place saves copying a prompt's activations,
+/// megabytes a layer).
+fn cpu_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) =
+        (&*storage, layout.contiguous_offsets())
+    {
+        return Ok(f(&v[a..b]));
+    }
+    drop(storage);
+    Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
 }
