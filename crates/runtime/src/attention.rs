@@ -116,7 +116,7 @@ pub struct HeadDims {
 /// as `(l0 + l4) + (l1 + l5)` plus `(l2 + l6) + (l3 + l7)`; a tail of `n % 32` values is
 /// added one by one in f64 as ggml does.
 #[inline]
-fn dot_f16(a: &[f32], b: &[f32]) -> f32 {
+fn dot_f16(a: &[u16], b: &[f32]) -> f32 {
     if let Some(d) = f16_lanes::dot(a, b) {
         return d;
     }
@@ -127,7 +127,7 @@ fn dot_f16(a: &[f32], b: &[f32]) -> f32 {
         for (j, accj) in acc.iter_mut().enumerate() {
             for (l, s) in accj.iter_mut().enumerate() {
                 let e = i + 8 * j + l;
-                *s = a[e].mul_add(b[e], *s);
+                *s = from_bits(a[e]).mul_add(b[e], *s);
             }
         }
     }
@@ -135,9 +135,15 @@ fn dot_f16(a: &[f32], b: &[f32]) -> f32 {
     let t: [f32; 4] = std::array::from_fn(|l| x[l] + x[l + 4]);
     let mut sum = f64::from((t[0] + t[1]) + (t[2] + t[3]));
     for e in np..n {
-        sum += f64::from(a[e] * b[e]);
+        sum += f64::from(from_bits(a[e]) * b[e]);
     }
     sum as f32
+}
+
+/// The f32 value of f16 bits (a cache entry).
+#[inline]
+fn from_bits(b: u16) -> f32 {
+    half::f16::from_bits(b).to_f32()
 }
 
 /// `round(f16)` of an f32.
@@ -175,8 +181,8 @@ fn attend_group(
     hd: usize,
     n: usize,
     base: impl Fn(usize) -> usize,
-    kc: &[f32],
-    vc: &[f32],
+    kc: &[u16],
+    vc: &[u16],
     scale: f32,
     o: &mut [f32],
 ) {
@@ -245,8 +251,8 @@ fn attend_group(
                         *x = f16r(*x * ms[j]);
                     }
                 }
-                for (x, v) in rest.iter_mut().zip(&value(j)[done..]) {
-                    *x = f16r(v.mul_add(vs[j], *x));
+                for (x, &v) in rest.iter_mut().zip(&value(j)[done..]) {
+                    *x = f16r(from_bits(v).mul_add(vs[j], *x));
                 }
             }
         }
@@ -306,9 +312,9 @@ pub fn paged_attention(
         }
     });
     let row_len = nkv * hd;
-    // Values are rounded to f16 precision as they enter the cache, like llama.cpp's default
-    // f16 KV cache: greedy outputs then track llama.cpp's closely on near-ties.
-    let round = |x: &f32| half::f16::from_f32(*x).to_f32();
+    // Values are stored as f16 as they enter the cache, like llama.cpp's default f16 KV
+    // cache: greedy outputs then track llama.cpp's closely on near-ties.
+    let round = |x: &f32| half::f16::from_f32(*x).to_bits();
     for t in 0..total {
         let slot = tables[tok_row[t]].slot(tok_pos[t], block_size);
         let (dst, src) = (slot * row_len, t * row_len);
@@ -376,12 +382,12 @@ mod tests {
         let a: Vec<f32> = (0..70).map(|i| i as f32 * 0.5 - 9.0).collect();
         let b: Vec<f32> = (0..70).map(|i| 1.0 - i as f32 * 0.03).collect();
         let naive: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(x * y)).sum();
-        assert!((f64::from(dot_f16(&a, &b)) - naive).abs() < 1e-3);
+        assert!((f64::from(dot_f16(&bits(&a), &b)) - naive).abs() < 1e-3);
         // Lane l of accumulator j holds values 32i + 8j + l; a value placed elsewhere in a
         // 32-value step lands in another lane, which only the order of the final sums sees.
         let mut one = vec![0f32; 64];
         one[9] = 3.0;
-        assert_eq!(dot_f16(&one, &vec![2.0; 64]), 6.0);
+        assert_eq!(dot_f16(&bits(&one), &vec![2.0; 64]), 6.0);
     }
 
     #[test]
@@ -399,7 +405,7 @@ mod tests {
         let x: [f32; 8] =
             std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
         let t: [f32; 4] = std::array::from_fn(|l| x[l] + x[l + 4]);
-        assert_eq!(dot_f16(&a, &b), (t[0] + t[1]) + (t[2] + t[3]));
+        assert_eq!(dot_f16(&bits(&a), &b), (t[0] + t[1]) + (t[2] + t[3]));
     }
 
     /// llama.cpp's loop as written: one key at a time through score, softmax step and
@@ -409,7 +415,7 @@ mod tests {
         let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
         let mut o = vec![0f32; hd];
         for (k, v) in kc.chunks_exact(hd).zip(vc.chunks_exact(hd)) {
-            let s = dot_f16(k, q) * scale + 0.0;
+            let s = dot_f16(&bits(k), q) * scale + 0.0;
             let (mut ms, mut vs) = (1f32, 1f32);
             if s > m {
                 ms = (m - s).exp();
@@ -444,7 +450,16 @@ mod tests {
             // head alone would see them.
             let q3: Vec<f32> = [q.clone(), q.iter().map(|x| -x).collect(), q.clone()].concat();
             let mut o = vec![f32::NAN; 3 * hd];
-            attend_group(&q3, hd, n, |j| j * hd, &kc, &vc, scale, &mut o);
+            attend_group(
+                &q3,
+                hd,
+                n,
+                |j| j * hd,
+                &bits(&kc),
+                &bits(&vc),
+                scale,
+                &mut o,
+            );
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             for (h, oh) in o.chunks_exact(hd).enumerate() {
                 let want = attend_stepwise(&q3[h * hd..(h + 1) * hd], &kc, &vc, scale);
@@ -461,7 +476,7 @@ mod tests {
         let q: Vec<f32> = (0..hd).map(|i| f16r((i as f32 * 0.37).sin())).collect();
         let scale = 1.0 / (hd as f32).sqrt();
         let mut o = vec![0f32; hd];
-        attend_group(&q, hd, n, |j| j * hd, &kc, &vc, scale, &mut o);
+        attend_group(&q, hd, n, |j| j * hd, &bits(&kc), &bits(&vc), scale, &mut o);
         let s: Vec<f64> = (0..n)
             .map(|j| {
                 let k = &kc[j * hd..(j + 1) * hd];
@@ -496,6 +511,19 @@ mod tests {
         assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
     }
 
+    /// f16-exact values as the cache holds them.
+    fn bits(x: &[f32]) -> Vec<u16> {
+        let b: Vec<u16> = x
+            .iter()
+            .map(|v| half::f16::from_f32(*v).to_bits())
+            .collect();
+        assert!(
+            b.iter().zip(x).all(|(b, x)| from_bits(*b) == *x),
+            "not f16-exact"
+        );
+        b
+    }
+
     /// `len` f16-exact cached values in -0.5..0.5: `(i + offset) * mul % modulus`, scaled.
     fn cache_values(len: usize, mul: usize, modulus: usize, offset: usize) -> Vec<f32> {
         (0..len)
@@ -508,11 +536,11 @@ mod tests {
     fn attend_speed() {
         // 28 layers' caches of two KV heads, as the 1.5B at 1k context (57 MB, past L3).
         let (hd, n, layers, row) = (128, 1024, 28, 256);
-        let kc: Vec<Vec<f32>> = (0..layers)
-            .map(|l| cache_values(n * row, 7919, 97, l))
+        let kc: Vec<Vec<u16>> = (0..layers)
+            .map(|l| bits(&cache_values(n * row, 7919, 97, l)))
             .collect();
-        let vc: Vec<Vec<f32>> = (0..layers)
-            .map(|l| cache_values(n * row, 104_729, 89, l))
+        let vc: Vec<Vec<u16>> = (0..layers)
+            .map(|l| bits(&cache_values(n * row, 104_729, 89, l)))
             .collect();
         let q: Vec<f32> = (0..hd).map(|i| f16r((i as f32 * 0.37).sin())).collect();
         let q6 = q.repeat(6);

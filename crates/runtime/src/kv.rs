@@ -327,16 +327,18 @@ impl BlockManager {
 /// CPU storage of one layer's keys and values: `[slots, kv_heads, head_dim]` each.
 #[derive(Debug)]
 pub struct LayerKv {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    /// f16 values as bits (llama.cpp's default cache type): half the bytes a long context's
+    /// decode step streams, and the values attention rounds to anyway.
+    pub k: Vec<u16>,
+    pub v: Vec<u16>,
 }
 
 impl LayerKv {
     /// Zeroed buffers are allocated lazily by the OS, so unused capacity costs no memory.
     pub fn new(slots: usize, row: usize) -> Self {
         Self {
-            k: vec![0.0; slots * row],
-            v: vec![0.0; slots * row],
+            k: vec![0; slots * row],
+            v: vec![0; slots * row],
         }
     }
 }

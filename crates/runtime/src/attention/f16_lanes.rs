@@ -26,8 +26,8 @@ mod lanes {
     pub fn weigh_values<'v>(
         o: &mut [f32],
         keys: std::ops::Range<usize>,
-        value: &impl Fn(usize) -> &'v [f32],
-        value_ahead: &impl Fn(usize) -> Option<&'v [f32]>,
+        value: &impl Fn(usize) -> &'v [u16],
+        value_ahead: &impl Fn(usize) -> Option<&'v [u16]>,
         ms: &[f32],
         vs: &[f32],
     ) -> usize {
@@ -52,7 +52,7 @@ mod lanes {
                     }
                     let w = _mm256_set1_ps(vs[j]);
                     for (i, a) in acc.iter_mut().enumerate() {
-                        let x = _mm256_loadu_ps(v.as_ptr().add(c + 8 * i));
+                        let x = load_f16(v.as_ptr().add(c + 8 * i));
                         *a = round(_mm256_fmadd_ps(x, w, *a));
                     }
                 }
@@ -64,10 +64,16 @@ mod lanes {
         done
     }
 
+    /// Eight f16 (bits) at `p` as f32.
+    #[inline]
+    unsafe fn load_f16(p: *const u16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
     /// Ask for the cache lines of `x` (a hint; no effect on results).
     #[inline]
-    pub fn prefetch(x: &[f32]) {
-        for line in (0..x.len()).step_by(16) {
+    pub fn prefetch(x: &[u16]) {
+        for line in (0..x.len()).step_by(32) {
             // SAFETY: a prefetch of an address inside `x` (it cannot fault either way).
             unsafe { _mm_prefetch::<_MM_HINT_T0>(x.as_ptr().add(line) as *const i8) };
         }
@@ -76,7 +82,7 @@ mod lanes {
     /// `dot_f16` for lengths that are a multiple of 32 (the same lanes, steps and final
     /// sums), else `None`.
     #[inline]
-    pub fn dot(a: &[f32], b: &[f32]) -> Option<f32> {
+    pub fn dot(a: &[u16], b: &[f32]) -> Option<f32> {
         if a.len() != b.len() || !a.len().is_multiple_of(32) {
             return None;
         }
@@ -86,7 +92,7 @@ mod lanes {
             let mut acc = [_mm256_setzero_ps(); 4];
             for i in (0..a.len()).step_by(32) {
                 for (j, acc) in acc.iter_mut().enumerate() {
-                    let x = _mm256_loadu_ps(a.as_ptr().add(i + 8 * j));
+                    let x = load_f16(a.as_ptr().add(i + 8 * j));
                     let y = _mm256_loadu_ps(b.as_ptr().add(i + 8 * j));
                     *acc = _mm256_fmadd_ps(x, y, *acc);
                 }
@@ -106,20 +112,20 @@ mod lanes {
     target_feature = "f16c"
 )))]
 mod lanes {
-    pub fn dot(_: &[f32], _: &[f32]) -> Option<f32> {
+    pub fn dot(_: &[u16], _: &[f32]) -> Option<f32> {
         None
     }
     pub fn weigh_values<'v>(
         _: &mut [f32],
         _: std::ops::Range<usize>,
-        _: &impl Fn(usize) -> &'v [f32],
-        _: &impl Fn(usize) -> Option<&'v [f32]>,
+        _: &impl Fn(usize) -> &'v [u16],
+        _: &impl Fn(usize) -> Option<&'v [u16]>,
         _: &[f32],
         _: &[f32],
     ) -> usize {
         0
     }
-    pub fn prefetch(_: &[f32]) {}
+    pub fn prefetch(_: &[u16]) {}
 }
 
 pub use lanes::*;
