@@ -314,7 +314,7 @@ pub fn paged_attention(
     let row_len = nkv * hd;
     // Values are stored as f16 as they enter the cache, like llama.cpp's default f16 KV
     // cache: greedy outputs then track llama.cpp's closely on near-ties.
-    let round = |x: &f32| half::f16::from_f32(*x).to_bits();
+    let to_f16 = |x: &f32| half::f16::from_f32(*x).to_bits();
     for t in 0..total {
         let slot = tables[tok_row[t]].slot(tok_pos[t], block_size);
         let (dst, src) = (slot * row_len, t * row_len);
@@ -322,13 +322,13 @@ pub fn paged_attention(
             .iter_mut()
             .zip(&k[src..src + row_len])
         {
-            *d = round(s);
+            *d = to_f16(s);
         }
         for (d, s) in cache.v[dst..dst + row_len]
             .iter_mut()
             .zip(&v[src..src + row_len])
         {
-            *d = round(s);
+            *d = to_f16(s);
         }
     }
     let group = nh / nkv;

@@ -218,8 +218,9 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Bytes of KV cache per token (f32 storage).
-    pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+    /// Bytes of KV cache per token, `value_bytes` per stored value (2 for the CPU's f16
+    /// cache).
+    pub fn kv_bytes_per_token(&self, value_bytes: usize) -> usize {
+        2 * self.num_layers * self.num_kv_heads * self.head_dim * value_bytes
     }
 }

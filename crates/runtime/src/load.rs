@@ -47,10 +47,13 @@ pub struct LoadedModel {
     pub path: PathBuf,
 }
 
-fn capacity(cfg: &ModelConfig, kv: KvBudget) -> KvCapacity {
-    match kv {
+fn capacity(cfg: &ModelConfig, opts: &LoadOptions) -> KvCapacity {
+    // The CPU cache stores f16 (`kv::LayerKv`); device caches are sized as f32, an upper
+    // bound for the model dtypes they hold.
+    let value_bytes = if opts.device.is_cpu() { 2 } else { 4 };
+    match opts.kv {
         KvBudget::Tokens(n) => KvCapacity::tokens(n),
-        KvBudget::Bytes(b) => KvCapacity::memory(b, cfg.kv_bytes_per_token()),
+        KvBudget::Bytes(b) => KvCapacity::memory(b, cfg.kv_bytes_per_token(value_bytes)),
     }
 }
 
@@ -112,7 +115,7 @@ pub fn load_runner(dir: &Path, opts: &LoadOptions) -> Result<Runner> {
     let cfg = ModelConfig::from_hf_json(&dir.join("config.json"))?;
     let files = safetensors_files(dir)?;
     let mut src = WeightSource::safetensors(&files, dir, &opts.device, opts.dtype)?;
-    let cap = capacity(&cfg, opts.kv);
+    let cap = capacity(&cfg, opts);
     Runner::new(
         Transformer::load(cfg, &mut src, &opts.device, &opts.kernels)?,
         cap,
@@ -129,7 +132,7 @@ pub fn load_random(config_json: &Path, opts: &LoadOptions, seed: u64) -> Result<
         opts.device.set_seed(seed)?;
     }
     let mut src = WeightSource::random(&cfg, config_json, &opts.device, opts.dtype, 0.02);
-    let cap = capacity(&cfg, opts.kv);
+    let cap = capacity(&cfg, opts);
     Runner::new(
         Transformer::load(cfg, &mut src, &opts.device, &opts.kernels)?,
         cap,
@@ -155,7 +158,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let text = TextModel::from_hf_dir(path)?;
         let files = safetensors_files(path)?;
         let mut src = WeightSource::safetensors(&files, path, &opts.device, opts.dtype)?;
-        let cap = capacity(&cfg, opts.kv);
+        let cap = capacity(&cfg, opts);
         (
             Runner::new(
                 Transformer::load(cfg, &mut src, &opts.device, &opts.kernels)?,
@@ -168,7 +171,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let cfg = ModelConfig::from_gguf(&content, path)?;
         let text = TextModel::from_gguf(&content, path)?;
         let mut src = WeightSource::gguf(content, file, path, &opts.device);
-        let cap = capacity(&cfg, opts.kv);
+        let cap = capacity(&cfg, opts);
         (
             Runner::new(
                 Transformer::load(cfg, &mut src, &opts.device, &opts.kernels)?,
@@ -182,4 +185,37 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         text,
         path: path.to_path_buf(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Arch, RopeStyle};
+
+    #[test]
+    fn a_cpu_kv_budget_in_bytes_counts_f16_values() {
+        // The 0.5B's cache shape: 24 layers x 2 KV heads x 64 values, K and V.
+        let cfg = ModelConfig {
+            arch: Arch::Qwen2,
+            vocab_size: 151_936,
+            hidden_size: 896,
+            intermediate_size: 4864,
+            num_layers: 24,
+            num_heads: 14,
+            num_kv_heads: 2,
+            head_dim: 64,
+            rope_theta: 1e6,
+            rms_norm_eps: 1e-6,
+            max_position: 32_768,
+            tie_embeddings: true,
+            qkv_bias: true,
+            qk_norm: false,
+            rope_style: RopeStyle::HalfSplit,
+        };
+        let opts = LoadOptions {
+            kv: KvBudget::Bytes(24 * 2 * 64 * 2 * 2 * 1024),
+            ..LoadOptions::default()
+        };
+        assert_eq!(capacity(&cfg, &opts).total_tokens(), 1024);
+    }
 }

@@ -257,7 +257,8 @@ struct QuantizedLhs {
     last_sums16: Vec<i32>,
     /// The tiles' row pairs for the 512-bit kernel (several rows on a CPU that runs it).
     pairs: Option<RowPairs>,
-    /// The tiles as the 256-bit tile kernel reads them (several rows, no row pairs).
+    /// The tiles as the 256-bit tile kernel reads them (several rows, no row pairs; see
+    /// the note below).
     lines: Option<Vec<[u8; 64]>>,
     kb: usize,
 }
@@ -536,8 +537,7 @@ pub fn matmul(
                 }
             } else {
                 let mut dots = [[0f32; TILE]; TILE];
-                let ws = &ws[..wrows.len()];
-                dot_acts(kernel, format, ws, &lhs, tile, &mut dots);
+                dot_acts(kernel, format, &ws[..wrows.len()], &lhs, tile, &mut dots);
                 for (wr, dots) in wrows.zip(&dots) {
                     for (i, d) in dots.iter().take(tile.rows).enumerate() {
                         unsafe { *out_ptr.get().add((tile.start + i) * n + wr) = *d };
