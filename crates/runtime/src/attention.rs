@@ -90,15 +90,17 @@ fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
     (x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c))
 }
 
-/// Output pointer shared by pool workers that write disjoint slices.
+/// Output pointer shared by pool workers that write disjoint slices (attention here, the
+/// element-wise ops in `ggml_ops`).
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: workers only write disjoint ranges (see `paged_attention`).
+pub(crate) struct SharedOut(pub(crate) *mut f32);
+// SAFETY: every user has its workers write disjoint ranges (`paged_attention`,
+// `ggml_ops::par_fill`).
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }

@@ -33,7 +33,7 @@ fn par_fill(out: &mut [f32], piece: usize, f: impl Fn(usize, &mut [f32]) + Sync)
         }
         return;
     }
-    let (len, base) = (out.len(), SharedOut(out.as_mut_ptr()));
+    let (len, base) = (out.len(), crate::attention::SharedOut(out.as_mut_ptr()));
     candle_core::utils::barrier_pool().execute_chunked(pieces, |range| {
         for i in range {
             let at = i * piece;
@@ -48,19 +48,6 @@ fn par_fill(out: &mut [f32], piece: usize, f: impl Fn(usize, &mut [f32]) + Sync)
 /// Values below which `par_fill` stays on the calling thread (a pool call costs a few
 /// microseconds; a decode step's rows are done sooner).
 const PARALLEL_VALUES: usize = 1 << 16;
-
-/// `out`'s base pointer, shared by the pool's workers (each writes its own pieces).
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: workers write disjoint pieces (see `par_fill`).
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// ggml's AVX2 `ggml_v_expf` for one lane (same constants, same fused multiply-adds).
 pub fn v_expf(x: f32) -> f32 {
