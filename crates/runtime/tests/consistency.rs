@@ -25,9 +25,13 @@ fn step_last(r: &mut Runner, rows: Vec<Row>) -> Vec<Vec<f32>> {
 }
 
 fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    assert_within(a, b, 1e-4, what);
+}
+
+fn assert_within(a: &[f32], b: &[f32], tolerance: f32, what: &str) {
     let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
     let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale;
-    assert!(err <= 1e-4, "{what}: relative error {err}");
+    assert!(err <= tolerance, "{what}: relative error {err}");
 }
 
 fn prompt(n: usize, salt: u32) -> Vec<u32> {
@@ -41,7 +45,8 @@ fn batch_equals_alone_for_every_arch() {
     for arch in [Arch::Qwen3, Arch::Qwen2, Arch::Llama] {
         let dir = tempfile::tempdir().unwrap();
         let mut r = hf(arch, dir.path());
-        let lens = [5usize, 1, 17, 3];
+        // 70 tokens: a prompt row of a tile and more (tiled attention) beside short rows.
+        let lens = [5usize, 1, 17, 3, 70];
         let alone: Vec<Vec<f32>> = lens
             .iter()
             .enumerate()
@@ -70,7 +75,7 @@ fn batch_equals_alone_for_every_arch() {
         p0.push(9);
         let a0 = step_last(&mut r2, vec![Row::new(1, p0)]);
         assert_close(&a0[0], &mixed[0], &format!("{arch:?} mixed decode row"));
-        for s in [0, 1, 2, 3, 50] {
+        for s in [0, 1, 2, 3, 4, 50] {
             r.free(s);
         }
         assert_eq!(r.usage().used_blocks, 0);
@@ -81,8 +86,9 @@ fn batch_equals_alone_for_every_arch() {
 fn extend_by_k_equals_k_decodes_and_pause_resume() {
     let dir = tempfile::tempdir().unwrap();
     let mut r = hf(Arch::Qwen3, dir.path());
-    let p = prompt(40, 3);
-    // One extend of all 40 tokens.
+    // One extend of all 100 tokens (the tiled attention of prompts) against a 10-token
+    // prefill and 90 decodes (one key at a time).
+    let p = prompt(100, 3);
     let whole = step_last(&mut r, vec![Row::new(1, p.clone())]);
     // 10-token prefill then 30 decodes, with another sequence stepping in between.
     let mut last = Vec::new();
@@ -93,8 +99,10 @@ fn extend_by_k_equals_k_decodes_and_pause_resume() {
         }
         last = step_last(&mut r, vec![Row::new(2, vec![t])]);
     }
-    assert_close(&whole[0], &last[0], "extend vs decodes");
-    assert_eq!(r.seq_len(2), Some(40));
+    // Two arithmetics, as in llama.cpp: the prompt's attention keeps f32 queries and sums,
+    // a decode's rounds them to f16 (1.1e-4 apart here).
+    assert_within(&whole[0], &last[0], 5e-4, "extend vs decodes");
+    assert_eq!(r.seq_len(2), Some(100));
     for s in 1..=3 {
         assert!(r.free(s));
     }
