@@ -76,16 +76,6 @@ fn read_cpu_qtensor<R: Read + Seek>(
     Ok(Some(QTensor::new(storage, dims)?))
 }
 
-/// Gives the pages of freed heap buffers back to the system (glibc's `malloc_trim`; a no-op
-/// with other allocators).
-pub fn return_freed_pages() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks the allocator's own free lists; no pointers are passed.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// `blocks` blocks of `T` read from the file's current position.
 fn read_blocks<T: GgmlType + Send + Sync + 'static, R: Read>(
     file: &mut R,

@@ -13,6 +13,7 @@ mod device_spec;
 mod error;
 mod ggml_ops;
 mod gguf_tensor;
+mod host_memory;
 mod kernel_options;
 mod kv;
 mod load;

@@ -180,6 +180,10 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             text,
         )
     };
+    if opts.device.is_cpu() {
+        // Loading is done trimming; the forward's activations reuse freed pages from here.
+        crate::host_memory::retain_freed_pages();
+    }
     Ok(LoadedModel {
         runner,
         text,

@@ -259,7 +259,7 @@ impl Transformer {
                 gate_up,
                 down: Linear::load(src, Role::Down, i, h, cfg.intermediate_size, false, kernels)?,
             });
-            crate::gguf_tensor::return_freed_pages();
+            crate::host_memory::return_freed_pages();
         }
         let norm = src.dense(Role::FinalNorm, 0, Part::Weight, &[h])?;
         let lm_head = if cfg.tie_embeddings || !src.has(Role::LmHead, 0, Part::Weight) {
