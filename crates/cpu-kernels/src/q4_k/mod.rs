@@ -35,6 +35,9 @@ const Q8K_BSUMS: usize = 260;
 const TILE_N: usize = 16;
 /// Activation rows per work item (candle's `MAX_MT`).
 const MT: usize = 4;
+/// Activation groups (of [`MT`] rows) up to which a call reads each tile row once for all
+/// of them (a batched decode step) rather than in L2-sized bands.
+const FEW_GROUPS: usize = 4;
 /// Tiles ahead of the one being read that the kernel prefetches.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const PREFETCH_TILES: usize = 2;
@@ -323,7 +326,15 @@ fn matmul(
     let out_ptr = SharedMut(out.as_mut_ptr());
     // Tile rows in bands that stay in L2 (`q4_k speed`, 512 rows, best of four alternating
     // runs: [8960x1536] AVX2 46.8 -> 40.4 ms, AVX-512 32.2 -> 29.4; [1536x8960] 43.3 -> 42.3).
-    let blocks = Bands::new(n / TILE_N, m_units, kb * TILE_BYTES);
+    // A batch of a few decode rows takes each tile row through all its activation groups at
+    // once instead: the groups after the first read it from L1, and the weights stream from
+    // DRAM at an even pace rather than in bursts of a band (`speed_cold_step`, eight rows).
+    let band_bytes = if m_units <= FEW_GROUPS {
+        usize::MAX
+    } else {
+        kb * TILE_BYTES
+    };
+    let blocks = Bands::new(n / TILE_N, m_units, band_bytes);
     par_chunks(n / TILE_N * m_units, m * n * kb * 8, |units| {
         for unit in units {
             let (nt, group) = blocks.at(unit);

@@ -204,7 +204,8 @@ fn speed() {
 
 /// The Q4_K matrices of a 1.5B decode step one after another (28 layers of q, k, v, o, gate,
 /// up, down: 730 MB, each cold from DRAM as in a real step, unlike `speed`'s one matrix read
-/// again and again), one activation row: the rate a step streams its weights at.
+/// again and again), one activation row and eight decode rows (a batched step): the rate a
+/// step streams its weights at.
 #[test]
 #[ignore]
 fn speed_cold_step() {
@@ -222,10 +223,7 @@ fn speed_cold_step() {
         .enumerate()
         .map(|(i, &(n, k))| q4k_weight(n, k, i as u64))
         .collect();
-    let inputs: Vec<Tensor> = shapes
-        .iter()
-        .map(|&(_, k)| Tensor::from_vec(values(k, 3), (1, k), &Device::Cpu).unwrap())
-        .collect();
+
     let bytes: usize = shapes
         .iter()
         .map(|&(n, k)| n / 16 * k / 256 * TILE_BYTES)
@@ -239,14 +237,20 @@ fn speed_cold_step() {
                     .collect()
             })
             .collect();
-        let (ms, _) = time_ms(5, &|| {
-            for layer in &layers {
-                for (w, x) in layer.iter().zip(&inputs) {
-                    w.forward(x, Some(&[1])).unwrap();
+        for m in [1, 8] {
+            let inputs: Vec<Tensor> = shapes
+                .iter()
+                .map(|&(_, k)| Tensor::from_vec(values(m * k, 3), (m, k), &Device::Cpu).unwrap())
+                .collect();
+            let (ms, _) = time_ms(5, &|| {
+                for layer in &layers {
+                    for (w, x) in layer.iter().zip(&inputs) {
+                        w.forward(x, None).unwrap();
+                    }
                 }
-            }
-        });
-        let gb_s = 28.0 * bytes as f64 / ms / 1e6;
-        println!("{kernel:?}: {ms:.2} ms a step, {gb_s:.1} GB/s");
+            });
+            let gb_s = 28.0 * bytes as f64 / ms / 1e6;
+            println!("{kernel:?}, {m} rows: {ms:.2} ms a step, {gb_s:.1} GB/s");
+        }
     }
 }
