@@ -78,9 +78,12 @@ pub fn attend_tile<'q>(
     let to_f32 = |b: u16| half::f16::from_bits(b).to_f32();
     for start in (0..n_keys).step_by(KV_TILE) {
         let keys = KV_TILE.min(n_keys - start);
-        // K transposed (a key per column), V a key per row; zero past the last key.
-        k_t.fill(0.0);
-        v32.fill(0.0);
+        // K transposed (a key per column), V a key per row; zero past the last key (only
+        // the last tile can be short; full tiles overwrite every entry).
+        if keys < KV_TILE {
+            k_t.fill(0.0);
+            v32.fill(0.0);
+        }
         for tk in 0..keys {
             let at = base(start + tk);
             for (d, &b) in kc[at..at + hd].iter().enumerate() {
