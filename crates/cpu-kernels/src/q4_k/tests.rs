@@ -92,6 +92,32 @@ fn rows_round_by_their_sequence_group_of_four() {
 }
 
 #[test]
+fn batched_decode_rows_match_scalar_and_each_row_alone() {
+    // Batches of decode rows (each its own sequence) of 2..=16 rows, through one to four
+    // groups of up to four (each tile row through all of them at once): every kernel gives
+    // the scalar order's results, and each row the result it gets alone.
+    let (n, k) = (48, 768);
+    let w = q4k_weight(n, k, 11);
+    let x = Tensor::from_vec(values(16 * k, 5), (16, k), &Device::Cpu).unwrap();
+    let decode = |kernel: Kernel, m: usize| {
+        let q = Q4kMatmul::with_kernel(&w, kernel).unwrap();
+        let y = q.forward(&x.narrow(0, 0, m).unwrap(), None).unwrap();
+        y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    };
+    let scalar = decode(Kernel::Scalar, 16);
+    for kernel in kernels() {
+        let alone: Vec<f32> = (0..16)
+            .flat_map(|r| run(&w, kernel, &x.narrow(0, r, 1).unwrap()))
+            .collect();
+        assert!(alone == scalar, "{kernel:?}: rows alone differ from the scalar order");
+        for m in [2, 5, 7, 8, 9, 12, 13, 16] {
+            let got = decode(kernel, m);
+            assert!(got[..] == scalar[..m * n], "{kernel:?}: {m} decode rows differ");
+        }
+    }
+}
+
+#[test]
 fn extreme_values() {
     // Weights at the quantizer's ends and large activations of both signs.
     let (n, k, m) = (16, 512, 5);
