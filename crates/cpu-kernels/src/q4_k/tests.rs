@@ -109,10 +109,16 @@ fn batched_decode_rows_match_scalar_and_each_row_alone() {
         let alone: Vec<f32> = (0..16)
             .flat_map(|r| run(&w, kernel, &x.narrow(0, r, 1).unwrap()))
             .collect();
-        assert!(alone == scalar, "{kernel:?}: rows alone differ from the scalar order");
+        assert!(
+            alone == scalar,
+            "{kernel:?}: rows alone differ from the scalar order"
+        );
         for m in [2, 5, 7, 8, 9, 12, 13, 16] {
             let got = decode(kernel, m);
-            assert!(got[..] == scalar[..m * n], "{kernel:?}: {m} decode rows differ");
+            assert!(
+                got[..] == scalar[..m * n],
+                "{kernel:?}: {m} decode rows differ"
+            );
         }
     }
 }

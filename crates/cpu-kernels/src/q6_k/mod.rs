@@ -373,6 +373,8 @@ fn dot_scalar(w: &[u8], q: &[u8], tiled: bool) -> f32 {
     hsum8(acc)
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2_rows8;
 mod tiled;
 #[cfg(target_arch = "x86_64")]
 mod x86;
