@@ -347,7 +347,9 @@ pub fn paged_attention(
     // head (they pass over its cached rows together); as many per item as still leaves
     // every thread an item.
     let short_tokens: Vec<usize> = (0..total).filter(|&t| !tiled_row(tok_row[t])).collect();
-    let threads = candle_core::utils::get_num_threads();
+    // The pool's own count (its workers and this thread): `get_num_threads` reads
+    // /proc/cpuinfo on every call, a measurable share of a decode step.
+    let threads = candle_core::utils::barrier_pool().n_workers() + 1;
     let per = (1..=group)
         .rev()
         .find(|p| group % p == 0 && short_tokens.len() * nh / p >= threads)
