@@ -213,3 +213,51 @@ fn speed() {
         println!("{line}");
     }
 }
+
+/// One decode step's Q5_0 matrices of the 0.5B (24 layers of q, k, v, o, gate, up), cold
+/// from DRAM (the layers together are ~10x the last-level cache): the single-row kernel's
+/// streaming rate, against what the machine can read.
+#[test]
+#[ignore]
+fn speed_cold_step() {
+    let shapes = [
+        (896, 896),
+        (128, 896),
+        (128, 896),
+        (896, 896),
+        (4864, 896),
+        (4864, 896),
+    ];
+    let sources: Vec<QMatMul> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| q5_weight(n, k, i as u64))
+        .collect();
+    let bytes: usize = shapes
+        .iter()
+        .map(|&(n, k)| n * k / 32 * Format::Q5_0.block_bytes())
+        .sum();
+    for kernel in kernels().into_iter().skip(1) {
+        let layers: Vec<Vec<Q0Matmul>> = (0..24)
+            .map(|_| {
+                sources
+                    .iter()
+                    .map(|w| Q0Matmul::with_kernel(w, kernel).unwrap())
+                    .collect()
+            })
+            .collect();
+        let inputs: Vec<Tensor> = shapes
+            .iter()
+            .map(|&(_, k)| Tensor::from_vec(values(k, 3), (1, k), &Device::Cpu).unwrap())
+            .collect();
+        let (ms, _) = time_ms(5, &|| {
+            for layer in &layers {
+                for (w, x) in layer.iter().zip(&inputs) {
+                    w.forward(x).unwrap();
+                }
+            }
+        });
+        let gb_s = layers.len() as f64 * bytes as f64 / ms / 1e6;
+        println!("{kernel:?}, 1 row: {ms:.2} ms a step, {gb_s:.1} GB/s");
+    }
+}
