@@ -27,6 +27,9 @@ use std::sync::Arc;
 
 use super::{par_chunks, Bands, SharedMut};
 use crate::CpuKernel;
+use layout::Rows;
+
+mod layout;
 
 /// Values per block (Q5_0 and Q8_0 alike).
 const QK: usize = 32;
@@ -57,7 +60,8 @@ impl Format {
         }
     }
 
-    /// Weight `v` (0..32) of block `wb`.
+    /// Weight `v` (0..32) of GGUF block `wb`.
+    #[cfg(test)]
     fn value(self, wb: &[u8], v: usize) -> i32 {
         match self {
             Format::Q8_0 => wb[2 + v] as i8 as i32,
@@ -134,10 +138,28 @@ impl Kernel {
     }
 }
 
-/// A Q5_0 weight `[n, k]` on the CPU, multiplied by our kernels.
+/// A weight's bytes as the kernels read them (see [`layout`]).
+#[derive(Clone)]
+enum Stored {
+    /// Q8_0 rows as in the file, shared with candle's tensor.
+    Rows(Arc<QTensor>),
+    /// Q5_0 rows regrouped ([`layout::pack_q5_0`]).
+    Grouped(Arc<Vec<u8>>),
+}
+
+impl Stored {
+    fn bytes(&self) -> candle_core::Result<std::borrow::Cow<'_, [u8]>> {
+        match self {
+            Self::Rows(t) => t.data(),
+            Self::Grouped(b) => Ok(std::borrow::Cow::Borrowed(b.as_slice())),
+        }
+    }
+}
+
+/// A Q5_0 or Q8_0 weight `[n, k]` on the CPU, multiplied by our kernels.
 #[derive(Clone)]
 pub struct Q0Matmul {
-    w: Arc<QTensor>,
+    w: Stored,
     n: usize,
     k: usize,
     kernel: Kernel,
@@ -171,8 +193,14 @@ impl Q0Matmul {
         if !kernel.available() {
             return None;
         }
+        let w = match format {
+            Format::Q8_0 => Stored::Rows(t.clone()),
+            Format::Q5_0 => {
+                Stored::Grouped(Arc::new(layout::pack_q5_0(&t.data().ok()?, n, k / QK)))
+            }
+        };
         Some(Self {
-            w: t.clone(),
+            w,
             n,
             k,
             kernel,
@@ -193,14 +221,45 @@ impl Q0Matmul {
         {
             return None;
         }
-        let ws: Vec<_> = parts.iter().map(|p| &p.w).collect();
-        Self::with_kernel(&super::stack_rows(&ws)?, first.kernel)
+        let (kb, mut n) = (first.k / QK, 0);
+        let w = match first.format {
+            Format::Q8_0 => {
+                let ws: Option<Vec<_>> = parts
+                    .iter()
+                    .map(|p| match &p.w {
+                        Stored::Rows(t) => Some(t),
+                        Stored::Grouped(_) => None,
+                    })
+                    .collect();
+                return Self::with_kernel(&super::stack_rows(&ws?)?, first.kernel);
+            }
+            // Groups of eight rows do not simply concatenate (a part's last group may be
+            // short): back to the file's rows, stacked, grouped again.
+            Format::Q5_0 => {
+                let mut rows = Vec::new();
+                for p in parts {
+                    rows.extend(layout::unpack_q5_0(&p.w.bytes().ok()?, p.n, kb));
+                    n += p.n;
+                }
+                layout::pack_q5_0(&rows, n, kb)
+            }
+        };
+        Some(Self {
+            w: Stored::Grouped(Arc::new(w)),
+            n,
+            k: first.k,
+            kernel: first.kernel,
+            format: first.format,
+        })
     }
 
     /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if x.dtype() != DType::F32 || !x.device().is_cpu() {
-            return x.apply_op1_no_bwd(self.w.as_ref());
+        if !x.device().is_cpu() {
+            candle_core::bail!("q5_0 matmul: the weight is in CPU memory, the input is not");
+        }
+        if x.dtype() != DType::F32 {
+            return self.forward(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype());
         }
         x.contiguous()?.apply_op1_no_bwd(self)
     }
@@ -217,7 +276,7 @@ impl CustomOp1 for Q0Matmul {
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (x, shape) = super::matmul_io("q5_0 matmul", storage, layout, self.k, self.n)?;
-        let data = self.w.data()?;
+        let data = self.w.bytes()?;
         let m = x.len() / self.k;
         let mut out = vec![0f32; m * self.n];
         matmul(self.kernel, self.format, &data, self.n, self.k, x, &mut out)?;
@@ -479,8 +538,9 @@ fn tiles(m: usize) -> Vec<Tile> {
         .collect()
 }
 
-/// `out[m, n] = x[m, k] @ w^T` for Q5_0 weight bytes `w` (`n` rows of `k / 32` blocks).
-pub fn matmul(
+/// `out[m, n] = x[m, k] @ w^T` for a weight of `n` rows of `k / 32` blocks stored as
+/// [`layout`] says (Q8_0: GGUF rows; Q5_0: grouped).
+fn matmul(
     kernel: Kernel,
     format: Format,
     w: &[u8],
@@ -494,8 +554,7 @@ pub fn matmul(
     }
     let kb = k / QK;
     let m = x.len() / k;
-    let wbytes = format.block_bytes();
-    if w.len() != n * kb * wbytes || x.len() != m * k || out.len() != m * n {
+    if w.len() != layout::stored_len(format, n, kb) || x.len() != m * k || out.len() != m * n {
         candle_core::bail!(
             "q5_0 matmul: sizes do not match: w {} bytes for [{n}, {k}], x {}, out {}",
             w.len(),
@@ -513,31 +572,27 @@ pub fn matmul(
     let tiles = tiles(m);
     let nt = tiles.len();
     let groups = n.div_ceil(TILE);
-    let row_bytes = kb * wbytes;
     let out_ptr = SharedMut(out.as_mut_ptr());
     // Weight groups in bands that stay in L2 (`q0 speed`, 512 rows, best of three alternating
     // runs: [4864x896] AVX2 35.2 -> 32.2 ms, AVX-512 26.7 -> 24.6; [896x4864] 37.5 -> 34.7).
-    let bands = Bands::new(groups, nt, TILE * row_bytes);
+    let bands = Bands::new(groups, nt, TILE * kb * format.block_bytes());
     par_chunks(groups * nt, m * n * kb, |items| {
         for item in items {
             let (g, tile) = bands.at(item);
             let tile = tiles[tile];
             let wrows = g * TILE..n.min((g + 1) * TILE);
-            // Eight weight rows; a short last group repeats its last row (results dropped).
-            let ws: [&[u8]; TILE] = std::array::from_fn(|i| {
-                let r = (wrows.start + i).min(wrows.end - 1);
-                &w[r * row_bytes..(r + 1) * row_bytes]
-            });
+            let rows = Rows::group(format, n, kb, g);
             // SAFETY (writes below): element (row, wr) belongs to this item alone (items
             // partition the (weight group, tile) grid) and `out` outlives the pool call.
             if tile.rows == 1 {
-                let dots = dot_weights(kernel, format, &ws, &lhs, tile.start);
+                let dots = dot_weights(kernel, format, w, &rows, &lhs, tile.start);
                 for (wr, d) in wrows.zip(dots) {
                     unsafe { *out_ptr.get().add(tile.start * n + wr) = d };
                 }
             } else {
                 let mut dots = [[0f32; TILE]; TILE];
-                dot_acts(kernel, format, &ws[..wrows.len()], &lhs, tile, &mut dots);
+                let count = wrows.len();
+                dot_acts(kernel, format, (w, &rows, count), &lhs, tile, &mut dots);
                 for (wr, dots) in wrows.zip(&dots) {
                     for (i, d) in dots.iter().take(tile.rows).enumerate() {
                         unsafe { *out_ptr.get().add((tile.start + i) * n + wr) = *d };
@@ -549,20 +604,23 @@ pub fn matmul(
     Ok(())
 }
 
+/// The first `count` of a group's weight rows: the stored weight, where the rows are.
+type WeightRows<'a> = (&'a [u8], &'a Rows, usize);
+
 /// An x86 `dot_acts`: weight rows, eight activation rows, their interleaved scales, and
 /// the outputs per weight row.
 #[cfg(target_arch = "x86_64")]
-type ActsKernel = unsafe fn(Format, &[&[u8]], &[[u8; 64]], &[f32], &mut [[f32; TILE]; TILE]);
-/// An x86 `dot_weights`: eight weight rows, then one row's blocks and scales.
+type ActsKernel = unsafe fn(Format, WeightRows, &[[u8; 64]], &[f32], &mut [[f32; TILE]; TILE]);
+/// An x86 `dot_weights`: eight weight rows, then one row's blocks, lane sums and scales.
 #[cfg(target_arch = "x86_64")]
-type WeightsKernel = unsafe fn(Format, &[&[u8]; TILE], &[u8], &[i32], &[f32]) -> [f32; TILE];
+type WeightsKernel = unsafe fn(Format, &[u8], &Rows, &[u8], &[i32], &[f32]) -> [f32; TILE];
 
 /// Weight rows `ws` (at most eight) against the (padded) eight rows of a tile: `dots[i]`
 /// are weight row i's products.
 fn dot_acts(
     kernel: Kernel,
     format: Format,
-    ws: &[&[u8]],
+    ws: WeightRows,
     lhs: &QuantizedLhs,
     tile: Tile,
     dots: &mut [[f32; TILE]; TILE],
@@ -586,9 +644,11 @@ fn dot_acts(
     }
     match kernel {
         Kernel::Scalar => {
-            for (w, dots) in ws.iter().zip(dots.iter_mut()) {
+            let (w, rows, count) = ws;
+            for (wi, dots) in dots.iter_mut().enumerate().take(count) {
                 for (i, d) in dots.iter_mut().enumerate() {
-                    *d = dot_scalar(format, w, lhs.row(row(i)), lhs.row_scales(row(i)));
+                    let r = row(i);
+                    *d = dot_scalar(format, (w, rows, wi), lhs.row(r), lhs.row_scales(r));
                 }
             }
         }
@@ -607,7 +667,8 @@ fn dot_acts(
 fn dot_weights(
     kernel: Kernel,
     format: Format,
-    ws: &[&[u8]; TILE],
+    w: &[u8],
+    rows: &Rows,
     lhs: &QuantizedLhs,
     r: usize,
 ) -> [f32; TILE] {
@@ -617,10 +678,10 @@ fn dot_weights(
     #[cfg(target_arch = "x86_64")]
     let x86 = |f: WeightsKernel| {
         // SAFETY: as in `dot_acts`.
-        unsafe { f(format, ws, q, lhs.last_row_sums16(), s) }
+        unsafe { f(format, w, rows, q, lhs.last_row_sums16(), s) }
     };
     match kernel {
-        Kernel::Scalar => ws.map(|w| dot_scalar(format, w, q, s)),
+        Kernel::Scalar => std::array::from_fn(|i| dot_scalar(format, (w, rows, i), q, s)),
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx2 => x86(avx2::dot_weights),
         #[cfg(target_arch = "x86_64")]
@@ -632,22 +693,19 @@ fn dot_weights(
     }
 }
 
-/// One weight row against one activation row as llama.cpp's AVX2 `ggml_vec_dot_q5_0_q8_0`:
-/// per block eight i32 lanes (lane l: values 4l..4l+4), `acc = fma(d_w * d_x, lanes,
-/// acc)`, and `((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))` at the end.
-fn dot_scalar(format: Format, w: &[u8], q: &[u8], scales: &[f32]) -> f32 {
+/// Weight row `i` of a group against one activation row as llama.cpp's AVX2
+/// `ggml_vec_dot_q5_0_q8_0`: per block eight i32 lanes (lane l: values 4l..4l+4),
+/// `acc = fma(d_w * d_x, lanes, acc)`, and `((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 +
+/// a3))` at the end.
+fn dot_scalar(format: Format, (w, rows, i): WeightRows, q: &[u8], scales: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
-    for ((wb, qb), &dy) in w
-        .chunks_exact(format.block_bytes())
-        .zip(q.chunks_exact(Q8_BYTES))
-        .zip(scales)
-    {
+    for (b, (qb, &dy)) in q.chunks_exact(Q8_BYTES).zip(scales).enumerate() {
         let y = &qb[2..34];
         let mut lanes = [0i32; 8];
         for v in 0..QK {
-            lanes[v / 4] += format.value(wb, v) * (y[v] as i8) as i32;
+            lanes[v / 4] += rows.value(format, w, i, b, v) * (y[v] as i8) as i32;
         }
-        let d = f16_at(wb, 0) * dy;
+        let d = rows.scale(w, i, b) * dy;
         for (a, &l) in acc.iter_mut().zip(&lanes) {
             *a = d.mul_add(l as f32, *a);
         }

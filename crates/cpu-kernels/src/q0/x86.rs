@@ -1,31 +1,41 @@
 //! The x86 kernels of `q0`: 256-bit (AVX2, optionally AVX-VNNI or AVX512-VNNI for the
 //! integer part), one module per instruction set from one macro.
 
-use super::{Format, TILE};
+use super::{Format, WeightRows, TILE};
 use std::arch::x86_64::*;
 
-/// The 32 weights of one Q5_0 block plus 16, as unsigned bytes in 0..=31.
+/// The 32 weights of one Q5_0 block plus 16, as unsigned bytes in 0..=31, from its 16
+/// nibble bytes at `qs` and its fifth bits at `qh` as the grouped layout keeps them.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn decode(p: *const u8) -> __m256i {
-    // Low nibbles are values 0..16, high nibbles values 16..32.
-    let qs = _mm_loadu_si128(p.add(6) as *const __m128i);
-    let m4 = _mm_set1_epi8(0x0f);
-    let lo = _mm_and_si128(qs, m4);
-    let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
-    let nib = _mm256_set_m128i(hi, lo);
-    // Bit i of qh is the fifth bit of value i: spread it to a 0x00 / 0xff byte.
-    let qh = std::ptr::read_unaligned(p.add(2) as *const i32);
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(qh),
-        _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
-            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-        ),
+unsafe fn decode(qh: *const u8, qs: *const u8) -> __m256i {
+    // Low nibbles are values 0..16 (low half), high nibbles values 16..32 (high half).
+    let qs = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs as *const __m128i));
+    let nib = _mm256_and_si256(
+        _mm256_srlv_epi32(qs, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+        _mm256_set1_epi8(0x0f),
     );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    // Byte j sees byte j % 4 of the permuted bits; bit j / 4 there is value j's fifth bit.
+    let qh = _mm256_set1_epi32(std::ptr::read_unaligned(qh as *const i32));
+    let bit = _mm256_setr_epi32(
+        0x0101_0101,
+        0x0202_0202,
+        0x0404_0404,
+        0x0808_0808,
+        0x1010_1010,
+        0x2020_2020,
+        0x4040_4040,
+        0x8080_8080u32 as i32,
+    );
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
     _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+}
+
+/// Row `i`'s block `b`: its scale, fifth bits and values (see `layout::Rows`).
+#[inline]
+unsafe fn block_at(w: *const u8, rows: &super::Rows, i: usize, b: usize) -> [*const u8; 3] {
+    let at = b * rows.stride;
+    [rows.scale[i], rows.qh[i], rows.qs[i]].map(|o| w.add(o + at))
 }
 
 /// llama.cpp's `hsum_float_8`.
@@ -37,7 +47,7 @@ unsafe fn hsum8(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
 }
 
-/// Weight rows `ws` (at most eight) against a tile of eight activation rows given as
+/// Weight rows `ws` against a tile of eight activation rows given as
 /// [`super::RowPairs`] (`ybias`: per block and row pair the two rows' values plus 128 as
 /// u8, `dpair`: their scales, each eight times). `dots[i]` gets weight row i's eight
 /// products, the same lanes, steps and sums as `dot_acts`: 512-bit integer dot products
@@ -48,25 +58,24 @@ unsafe fn hsum8(v: __m256) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn dot_acts_pairs(
     format: Format,
-    ws: &[&[u8]],
+    (w, rows, count): WeightRows,
     ybias: &[u8],
     dpair: &[f32],
     dots: &mut [[f32; TILE]; TILE],
 ) {
     let kb = dpair.len() / (TILE * TILE);
     // Real checks: the loops read kb blocks of every row through raw pointers.
-    assert!(ybias.len() == kb * 4 * 64 && dpair.len() == kb * 4 * 16 && ws.len() <= TILE);
-    let wbytes = format.block_bytes();
+    assert!(ybias.len() == kb * 4 * 64 && dpair.len() == kb * 4 * 16 && count <= TILE);
+    rows.check(format, w.len(), kb);
     let ones = _mm512_set1_epi8(1);
     let zero = _mm512_setzero_si512();
-    for (w, dots) in ws.iter().zip(dots.iter_mut()) {
-        assert!(w.len() == kb * wbytes);
+    for (i, dots) in dots.iter_mut().enumerate().take(count) {
         let mut acc = [_mm512_setzero_ps(); 4];
         for b in 0..kb {
-            let wb = w.as_ptr().add(b * wbytes);
+            let [scale, qh, qs] = block_at(w.as_ptr(), rows, i, b);
             let x = _mm512_broadcast_i64x4(match format {
-                Format::Q5_0 => _mm256_sub_epi8(decode(wb), _mm256_set1_epi8(16)),
-                Format::Q8_0 => _mm256_loadu_si256(wb.add(2) as *const __m256i),
+                Format::Q5_0 => _mm256_sub_epi8(decode(qh, qs), _mm256_set1_epi8(16)),
+                Format::Q8_0 => _mm256_loadu_si256(qs as *const __m256i),
             });
             // -128 times each lane's weight sum: (y + 128) . x - 128 * sum(x) = y . x.
             let start = _mm512_sub_epi32(
@@ -74,7 +83,7 @@ pub(super) unsafe fn dot_acts_pairs(
                 _mm512_slli_epi32::<7>(_mm512_dpbusd_epi32(zero, ones, x)),
             );
             let dw = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(
-                std::ptr::read_unaligned(wb as *const i16),
+                std::ptr::read_unaligned(scale as *const i16),
             ))));
             for (p, acc) in acc.iter_mut().enumerate() {
                 let at = b * 4 + p;
@@ -98,25 +107,26 @@ pub(super) unsafe fn dot_acts_pairs(
 macro_rules! x86_kernels {
     ($module:ident, $features:literal, $dot:expr) => {
         pub(super) mod $module {
-            use super::super::{Format, Q8_BYTES, TILE};
+            use super::super::{Format, Rows, WeightRows, Q8_BYTES, TILE};
+            use super::block_at;
             use std::arch::x86_64::*;
 
             /// The 32 weights of one Q5_0 block plus 16, as unsigned bytes in 0..=31.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn decode(p: *const u8) -> __m256i {
-                super::decode(p)
+            unsafe fn decode(qh: *const u8, qs: *const u8) -> __m256i {
+                super::decode(qh, qs)
             }
 
-            /// A block's weights as `lanes` wants them: Q5_0: (unused, `x + 16` as u8);
-            /// Q8_0: (x, |x|).
+            /// A block's weights (fifth bits at `qh`, values at `qs`) as `lanes` wants
+            /// them: Q5_0: (unused, `x + 16` as u8); Q8_0: (x, |x|).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn weights(format: Format, wb: *const u8) -> (__m256i, __m256i) {
+            unsafe fn weights(format: Format, qh: *const u8, qs: *const u8) -> (__m256i, __m256i) {
                 match format {
-                    Format::Q5_0 => (_mm256_setzero_si256(), decode(wb)),
+                    Format::Q5_0 => (_mm256_setzero_si256(), decode(qh, qs)),
                     Format::Q8_0 => {
-                        let x = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+                        let x = _mm256_loadu_si256(qs as *const __m256i);
                         (x, _mm256_sign_epi8(x, x))
                     }
                 }
@@ -154,33 +164,32 @@ macro_rules! x86_kernels {
                 super::hsum8(v)
             }
 
-            /// Weight rows `ws` (at most eight) against a tile of eight activation rows
-            /// (`lines`, see `QuantizedLhs::lines`: their values and lane sums per block
-            /// and row; `scales` their block scales, `[kb, 8]`). `dots[i]` gets weight
-            /// row i's eight products.
+            /// The first `count` weight rows of a group against a tile of eight
+            /// activation rows (`lines`, see `QuantizedLhs::lines`: their values and lane
+            /// sums per block and row; `scales` their block scales, `[kb, 8]`). `dots[i]`
+            /// gets weight row i's eight products.
             ///
             /// # Safety
             /// The CPU must support `$features`.
             #[target_feature(enable = $features)]
             pub(in crate::q0) unsafe fn dot_acts(
                 format: Format,
-                ws: &[&[u8]],
+                (w, rows, count): WeightRows,
                 lines: &[[u8; 64]],
                 scales: &[f32],
                 dots: &mut [[f32; TILE]; TILE],
             ) {
                 let kb = scales.len() / TILE;
                 // Real checks: the loops read kb blocks of every row through raw pointers.
-                assert!(scales.len() == kb * TILE && ws.len() <= TILE);
+                assert!(scales.len() == kb * TILE && count <= TILE);
                 assert!(lines.len() == kb * TILE);
-                let wbytes = format.block_bytes();
-                for (w, dots) in ws.iter().zip(dots.iter_mut()) {
-                    assert!(w.len() == kb * wbytes);
+                rows.check(format, w.len(), kb);
+                for (wi, dots) in dots.iter_mut().enumerate().take(count) {
                     let mut acc = [_mm256_setzero_ps(); TILE];
                     for b in 0..kb {
-                        let wb = w.as_ptr().add(b * wbytes);
-                        let wv = weights(format, wb);
-                        let dw = f16_to_f32(wb);
+                        let [scale, qh, qs] = block_at(w.as_ptr(), rows, wi, b);
+                        let wv = weights(format, qh, qs);
+                        let dw = f16_to_f32(scale);
                         let line = lines.as_ptr().add(b * TILE) as *const u8;
                         for (i, acc) in acc.iter_mut().enumerate() {
                             let y = line.add(i * 64);
@@ -195,14 +204,16 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// Eight weight rows against one activation row (blocks `q`, scales `scales`).
+            /// Eight weight rows against one activation row (blocks `q`, lane sums
+            /// `sums16`, scales `scales`).
             ///
             /// # Safety
             /// The CPU must support `$features`.
             #[target_feature(enable = $features)]
             pub(in crate::q0) unsafe fn dot_weights(
                 format: Format,
-                ws: &[&[u8]; TILE],
+                w: &[u8],
+                rows: &Rows,
                 q: &[u8],
                 sums16: &[i32],
                 scales: &[f32],
@@ -210,28 +221,54 @@ macro_rules! x86_kernels {
                 let kb = scales.len();
                 // Real checks: the loop reads kb blocks of every row through raw pointers.
                 assert!(q.len() == kb * Q8_BYTES && sums16.len() == kb * 8);
-                let wbytes = format.block_bytes();
-                for w in ws {
-                    assert!(w.len() == kb * wbytes);
-                }
-                let wp = ws.map(|w| w.as_ptr());
-                // The eight rows are read side by side in short runs, which the hardware
-                // prefetchers follow poorly: fetch the next eight rows (the next group, just
-                // after these in memory) at the pace this group is read.
-                let ahead = wp[0].wrapping_add(TILE * kb * wbytes);
+                rows.check(format, w.len(), kb);
+                let wp = w.as_ptr();
+                let stride = rows.stride;
+                // The next group (just after a Q5_0 group; after the eighth row for Q8_0),
+                // fetched at the pace this one is read: the hardware prefetchers follow
+                // eight Q8_0 rows read side by side poorly.
+                let ahead = match format {
+                    Format::Q5_0 => wp.wrapping_add(rows.scale[0] + kb * stride),
+                    Format::Q8_0 => wp.wrapping_add(rows.scale[0] + TILE * kb * stride),
+                };
+                let step = match format {
+                    Format::Q5_0 => stride,
+                    Format::Q8_0 => TILE * stride,
+                };
                 let mut acc = [_mm256_setzero_ps(); TILE];
                 for b in 0..kb {
-                    let next = ahead.wrapping_add(b * TILE * wbytes);
-                    for line in 0..(TILE * wbytes).div_ceil(64) {
+                    let next = ahead.wrapping_add(b * step);
+                    for line in 0..step.div_ceil(64) {
                         _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line) as *const i8);
                     }
                     let y = q.as_ptr().add(b * Q8_BYTES + 2);
+                    let sums = sums16.as_ptr().add(b * 8);
                     let dx = *scales.get_unchecked(b);
-                    for (i, acc) in acc.iter_mut().enumerate() {
-                        let wb = wp[i].add(b * wbytes);
-                        let d = _mm256_set1_ps(f16_to_f32(wb) * dx);
-                        let l = lanes(format, weights(format, wb), y, sums16.as_ptr().add(b * 8));
-                        *acc = _mm256_fmadd_ps(d, l, *acc);
+                    match format {
+                        // A group's eight scales side by side: all eight `d_w * d_x` at once
+                        // (the same f32 products as one at a time).
+                        Format::Q5_0 => {
+                            let ds = wp.add(rows.scale[0] + b * stride);
+                            let d = _mm256_mul_ps(
+                                _mm256_cvtph_ps(_mm_loadu_si128(ds as *const __m128i)),
+                                _mm256_set1_ps(dx),
+                            );
+                            let mut d8 = [0f32; TILE];
+                            _mm256_storeu_ps(d8.as_mut_ptr(), d);
+                            for (i, acc) in acc.iter_mut().enumerate() {
+                                let [_, qh, qs] = block_at(wp, rows, i, b);
+                                let l = lanes(format, weights(format, qh, qs), y, sums);
+                                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d8[i]), l, *acc);
+                            }
+                        }
+                        Format::Q8_0 => {
+                            for (i, acc) in acc.iter_mut().enumerate() {
+                                let [scale, qh, qs] = block_at(wp, rows, i, b);
+                                let d = _mm256_set1_ps(f16_to_f32(scale) * dx);
+                                let l = lanes(format, weights(format, qh, qs), y, sums);
+                                *acc = _mm256_fmadd_ps(d, l, *acc);
+                            }
+                        }
                     }
                 }
                 acc.map(|a| hsum(a))
