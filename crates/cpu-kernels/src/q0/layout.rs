@@ -154,20 +154,26 @@ impl Rows {
         assert!(self.grouped == (format == Format::Q5_0));
     }
 
-    /// Weight `v` (0..32) of row `i`'s block `b`, and the block's scale.
-    pub fn value(&self, format: Format, w: &[u8], i: usize, b: usize, v: usize) -> i32 {
+    /// The 32 weights of row `i`'s block `b`.
+    pub fn values(&self, format: Format, w: &[u8], i: usize, b: usize) -> [i32; QK] {
         let at = b * self.stride;
-        let qs = &w[self.qs[i] + at..];
         match format {
-            Format::Q8_0 => qs[v] as i8 as i32,
+            Format::Q8_0 => {
+                let qs = &w[self.qs[i] + at..][..QK];
+                std::array::from_fn(|v| qs[v] as i8 as i32)
+            }
             Format::Q5_0 => {
-                let nib = if v < QK / 2 {
-                    qs[v] & 0x0f
-                } else {
-                    qs[v - QK / 2] >> 4
-                };
-                let bit = w[self.qh[i] + at + v % 4] >> (v / 4) & 1;
-                i32::from(nib | bit << 4) - 16
+                let qs = &w[self.qs[i] + at..][..QK / 2];
+                let qh = &w[self.qh[i] + at..][..4];
+                std::array::from_fn(|v| {
+                    let nib = if v < QK / 2 {
+                        qs[v] & 0x0f
+                    } else {
+                        qs[v - QK / 2] >> 4
+                    };
+                    let bit = qh[v % 4] >> (v / 4) & 1;
+                    i32::from(nib | bit << 4) - 16
+                })
             }
         }
     }
@@ -209,9 +215,9 @@ mod tests {
             at.check(Format::Q5_0, grouped.len(), kb);
             for b in 0..kb {
                 let blk = &rows[(r * kb + b) * Q5_BYTES..];
-                for v in 0..QK {
-                    let want = Format::Q5_0.value(blk, v);
-                    assert_eq!(at.value(Format::Q5_0, &grouped, r % TILE, b, v), want);
+                let got = at.values(Format::Q5_0, &grouped, r % TILE, b);
+                for (v, &got) in got.iter().enumerate() {
+                    assert_eq!(got, Format::Q5_0.value(blk, v));
                 }
                 let (got, want) = (
                     at.scale(&grouped, r % TILE, b),
