@@ -18,7 +18,7 @@
 //! otherwise. The SIMD kernels compute eight outputs per pass: eight activation rows against
 //! one weight row (prefill), or eight weight rows against one activation row (decode). Q5_0
 //! weights are regrouped at load so that the decode kernel unpacks them in fewer steps
-//! ([`layout`]); the activations are laid out per kernel ([`lhs`]). Work is
+//! (module `layout`); the activations are laid out per kernel (module `lhs`). Work is
 //! split over weight rows and activation tiles on candle's own barrier pool, the pool CPU
 //! attention already uses.
 
