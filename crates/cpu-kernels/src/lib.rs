@@ -287,6 +287,7 @@ mod fuse_tests {
         let kernels = [CpuKernel::Scalar, CpuKernel::Avx2, CpuKernel::Auto];
         let cases = [
             (GgmlDType::Q5_0, 64, [40, 24, 8]),
+            (GgmlDType::Q5_0, 96, [20, 12, 36]),
             (GgmlDType::Q8_0, 96, [24, 8, 16]),
             (GgmlDType::Q4K, 512, [48, 16, 32]),
             (GgmlDType::Q6K, 256, [20, 12, 36]),

@@ -38,15 +38,16 @@ pub(super) fn stored_len(format: Format, n: usize, kb: usize) -> usize {
     }
 }
 
-/// The file's `qh` of one block as the grouped layout stores it (see the module note).
+/// The file's `qh` of one block as the grouped layout stores it (see the module note):
+/// byte c gathers bits c, c + 4, .., c + 28 (by shifts and masks; a loop over the 32 bits
+/// made loading the 0.5B a second slower).
 fn permute_qh(qh: u32) -> [u8; 4] {
-    let mut out = [0u8; 4];
-    for j in 0..QK {
-        if qh >> j & 1 == 1 {
-            out[j % 4] |= 1 << (j / 4);
-        }
-    }
-    out
+    std::array::from_fn(|c| {
+        let x = qh >> c & 0x1111_1111;
+        let x = (x | x >> 3) & 0x0303_0303;
+        let x = (x | x >> 6) & 0x000f_000f;
+        ((x | x >> 12) & 0xff) as u8
+    })
 }
 
 /// The inverse of [`permute_qh`].

@@ -237,8 +237,17 @@ impl Q0Matmul {
                     .collect();
                 return Self::with_kernel(&super::stack_rows(&ws?)?, first.kernel);
             }
-            // Groups of eight rows do not simply concatenate (a part's last group may be
-            // short): back to the file's rows, stacked, grouped again.
+            // Parts of whole groups (q/k/v, gate/up) concatenate as they are.
+            Format::Q5_0 if parts[..parts.len() - 1].iter().all(|p| p.n % TILE == 0) => {
+                let mut w = Vec::new();
+                for p in parts {
+                    w.extend_from_slice(&p.w.bytes().ok()?);
+                    n += p.n;
+                }
+                w
+            }
+            // Otherwise a part's short last group would sit inside: back to the file's
+            // rows, stacked, grouped again.
             Format::Q5_0 => {
                 let mut rows = Vec::new();
                 for p in parts {
