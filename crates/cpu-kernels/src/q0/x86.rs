@@ -32,6 +32,10 @@ unsafe fn decode(qh: *const u8, qs: *const u8) -> __m256i {
 }
 
 /// Row `i`'s block `b`: its scale, fifth bits and values (see `layout::Rows`).
+///
+/// # Safety
+/// `rows` must have passed `Rows::check` for `w`'s stored weight and `b` be below its
+/// block count.
 #[inline]
 unsafe fn block_at(w: *const u8, rows: &super::Rows, i: usize, b: usize) -> [*const u8; 3] {
     let at = b * rows.stride;
@@ -47,7 +51,7 @@ unsafe fn hsum8(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
 }
 
-/// Weight rows `ws` against a tile of eight activation rows given as
+/// The first `count` weight rows of a group against a tile of eight activation rows given as
 /// [`super::RowPairs`] (`ybias`: per block and row pair the two rows' values plus 128 as
 /// u8, `dpair`: their scales, each eight times). `dots[i]` gets weight row i's eight
 /// products, the same lanes, steps and sums as `dot_acts`: 512-bit integer dot products
