@@ -106,8 +106,6 @@ pub(super) struct Rows {
     pub qh: [usize; TILE],
     pub qs: [usize; TILE],
     pub stride: usize,
-    /// Q5_0: the rows are one group, so the eight scales of a block are side by side.
-    pub grouped: bool,
 }
 
 impl Rows {
@@ -121,7 +119,6 @@ impl Rows {
                     qh: std::array::from_fn(row),
                     qs: std::array::from_fn(|i| row(i) + 2),
                     stride: Q8_BYTES,
-                    grouped: false,
                 }
             }
             Format::Q5_0 => {
@@ -131,7 +128,6 @@ impl Rows {
                     qh: std::array::from_fn(|i| base + QH_AT + 4 * i),
                     qs: std::array::from_fn(|i| base + QS_AT + 16 * i),
                     stride: GROUP_BLOCK,
-                    grouped: true,
                 }
             }
         }
@@ -150,9 +146,10 @@ impl Rows {
                 .max(self.qh[i] + 4)
                 .max(self.qs[i] + qs_len);
             assert!(kb > 0 && end + last <= len, "q0 rows outside the weight");
-            assert!(!self.grouped || self.scale[i] == self.scale[0] + 2 * i);
+            // Q5_0 rows are one group: the single-row kernel reads a block's eight scales
+            // side by side.
+            assert!(format == Format::Q8_0 || self.scale[i] == self.scale[0] + 2 * i);
         }
-        assert!(self.grouped == (format == Format::Q5_0));
     }
 
     /// The 32 weights of row `i`'s block `b`.
