@@ -189,6 +189,7 @@ fn speed() {
     // The 0.5B's up and down projections.
     for (n, k, m) in [
         (4864, 896, 1),
+        (4864, 896, 8),
         (4864, 896, 16),
         (4864, 896, 128),
         (4864, 896, 512),
@@ -206,6 +207,27 @@ fn speed() {
             line += &format!(", {kernel:?} {o:.3} (cpu {oc:.3})");
         }
         println!("{line}");
+    }
+}
+
+/// The kernel this CPU picks, alone, on batches (quicker than `speed` for A/B runs of
+/// builds on a noisy host: best of several repeats).
+#[test]
+#[ignore]
+fn speed_batches() {
+    let kernel = Kernel::detect();
+    for (n, k, m) in [
+        (4864, 896, 16),
+        (4864, 896, 128),
+        (4864, 896, 512),
+        (896, 4864, 128),
+        (896, 4864, 512),
+    ] {
+        let w = q5_weight(n, k, 1);
+        let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
+        let ours = Q0Matmul::with_kernel(&w, kernel).unwrap();
+        let (ms, _) = time_ms((4096 / m).max(8), &|| ours.forward(&x).unwrap());
+        println!("{kernel:?} m={m:4} [{n}x{k}]: {ms:.3} ms");
     }
 }
 
@@ -254,5 +276,49 @@ fn speed_cold_step() {
         });
         let gb_s = layers.len() as f64 * bytes as f64 / ms / 1e6;
         println!("{kernel:?}, 1 row: {ms:.2} ms a step, {gb_s:.1} GB/s");
+    }
+}
+
+/// The 256-bit batch kernel alone on one L1-resident group of eight weight rows and eight
+/// activation rows, one thread: cycles per (weight row, block, activation row) at the
+/// clock given in `CPU_GHZ` (default 3.2).
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn speed_tile_kernel() {
+    if !Kernel::Avx2.available() {
+        return;
+    }
+    let ghz: f64 = std::env::var("CPU_GHZ")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3.2);
+    let (n, k) = (8, 896);
+    let kb = k / QK;
+    let x = values(8 * k, 2);
+    let lhs = QuantizedLhs::new(&x, 8, k, Kernel::Avx2);
+    let lines = lhs.tile_lines(0).unwrap();
+    let scales = lhs.tile_scales(0);
+    for format in [Format::Q5_0, Format::Q8_0] {
+        let w = quantized(n, k, 1, format.dtype());
+        let ours = Q0Matmul::with_kernel(&w, Kernel::Avx2).unwrap();
+        let bytes = ours.w.bytes().unwrap().to_vec();
+        let rows = Rows::group(format, n, kb, 0);
+        let mut dots = [[0f32; TILE]; TILE];
+        let reps = 100_000;
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t0 = std::time::Instant::now();
+            for _ in 0..reps {
+                // SAFETY: the CPU runs AVX2 (this test runs only where it does).
+                unsafe { avx2::dot_acts(format, (&bytes, &rows, 8), lines, scales, &mut dots) };
+                std::hint::black_box(&mut dots);
+            }
+            best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+        }
+        println!(
+            "{format:?}: {:.2} cycles per (row, block, row)",
+            best * ghz * 1e9 / (64 * kb) as f64
+        );
     }
 }

@@ -57,6 +57,12 @@ unsafe fn hsum8(v: __m256) -> f32 {
 /// products, the same lanes, steps and sums as `dot_acts`: 512-bit integer dot products
 /// compute two activation rows at once, `(y + 128) . x` starting from `-128 * sum(x)`.
 ///
+/// Blocks outer, four weight rows at a time (16 accumulators): a block's activations are
+/// loaded once for four rows, and the group's blocks (176 bytes apart in the grouped
+/// layout) are walked twice rather than once per row. The rows past `count` (the zero
+/// padding of a short Q5_0 group, or the last row repeated for Q8_0) are computed too and
+/// dropped.
+///
 /// # Safety
 /// The CPU must support AVX512F, AVX512BW, AVX512-VNNI, AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
@@ -67,40 +73,47 @@ pub(super) unsafe fn dot_acts_pairs(
     dpair: &[f32],
     dots: &mut [[f32; TILE]; TILE],
 ) {
+    /// Weight rows per pass.
+    const PASS: usize = 4;
     let kb = dpair.len() / (TILE * TILE);
     // Real checks: the loops read kb blocks of every row through raw pointers.
     assert!(ybias.len() == kb * 4 * 64 && dpair.len() == kb * 4 * 16 && count <= TILE);
     rows.check(format, w.len(), kb);
     let ones = _mm512_set1_epi8(1);
     let zero = _mm512_setzero_si512();
-    for (i, dots) in dots.iter_mut().enumerate().take(count) {
-        let mut acc = [_mm512_setzero_ps(); 4];
+    for first in (0..count).step_by(PASS) {
+        let mut acc = [[_mm512_setzero_ps(); 4]; PASS];
         for b in 0..kb {
-            let [scale, qh, qs] = block_at(w.as_ptr(), rows, i, b);
-            let x = _mm512_broadcast_i64x4(match format {
-                Format::Q5_0 => _mm256_sub_epi8(decode(qh, qs), _mm256_set1_epi8(16)),
-                Format::Q8_0 => _mm256_loadu_si256(qs as *const __m256i),
+            let y: [__m512i; 4] = std::array::from_fn(|p| {
+                _mm512_loadu_si512(ybias.as_ptr().add((b * 4 + p) * 64) as *const _)
             });
-            // -128 times each lane's weight sum: (y + 128) . x - 128 * sum(x) = y . x.
-            let start = _mm512_sub_epi32(
-                zero,
-                _mm512_slli_epi32::<7>(_mm512_dpbusd_epi32(zero, ones, x)),
-            );
-            let dw = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(
-                std::ptr::read_unaligned(scale as *const i16),
-            ))));
-            for (p, acc) in acc.iter_mut().enumerate() {
-                let at = b * 4 + p;
-                let y = _mm512_loadu_si512(ybias.as_ptr().add(at * 64) as *const _);
-                let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, y, x));
-                let d = _mm512_mul_ps(dw, _mm512_loadu_ps(dpair.as_ptr().add(at * 16)));
-                *acc = _mm512_fmadd_ps(d, lanes, *acc);
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let [scale, qh, qs] = block_at(w.as_ptr(), rows, first + j, b);
+                let x = _mm512_broadcast_i64x4(match format {
+                    Format::Q5_0 => _mm256_sub_epi8(decode(qh, qs), _mm256_set1_epi8(16)),
+                    Format::Q8_0 => _mm256_loadu_si256(qs as *const __m256i),
+                });
+                // -128 times each lane's weight sum: (y + 128) . x - 128 * sum(x) = y . x.
+                let start = _mm512_sub_epi32(
+                    zero,
+                    _mm512_slli_epi32::<7>(_mm512_dpbusd_epi32(zero, ones, x)),
+                );
+                let dw = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(
+                    std::ptr::read_unaligned(scale as *const i16),
+                ))));
+                for (p, acc) in acc.iter_mut().enumerate() {
+                    let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, y[p], x));
+                    let dp = _mm512_loadu_ps(dpair.as_ptr().add((b * 4 + p) * 16));
+                    *acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, dp), lanes, *acc);
+                }
             }
         }
-        for (p, acc) in acc.iter().enumerate() {
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*acc)));
-            dots[2 * p] = hsum8(_mm512_castps512_ps256(*acc));
-            dots[2 * p + 1] = hsum8(hi);
+        for (dots, acc) in dots[first..].iter_mut().zip(&acc).take(count - first) {
+            for (p, acc) in acc.iter().enumerate() {
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*acc)));
+                dots[2 * p] = hsum8(_mm512_castps512_ps256(*acc));
+                dots[2 * p + 1] = hsum8(hi);
+            }
         }
     }
 }
