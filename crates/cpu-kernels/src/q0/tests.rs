@@ -216,18 +216,21 @@ fn speed() {
 #[ignore]
 fn speed_batches() {
     let kernel = Kernel::detect();
-    for (n, k, m) in [
-        (4864, 896, 16),
-        (4864, 896, 128),
-        (4864, 896, 512),
-        (896, 4864, 128),
-        (896, 4864, 512),
+    for (dtype, n, k, m) in [
+        (GgmlDType::Q5_0, 4864, 896, 16),
+        (GgmlDType::Q5_0, 4864, 896, 128),
+        (GgmlDType::Q5_0, 4864, 896, 512),
+        (GgmlDType::Q5_0, 896, 4864, 128),
+        (GgmlDType::Q5_0, 896, 4864, 512),
+        // A slice of the 0.5B's output matrix, a batched decode step's eight rows.
+        (GgmlDType::Q8_0, 16384, 896, 8),
+        (GgmlDType::Q8_0, 16384, 896, 128),
     ] {
-        let w = q5_weight(n, k, 1);
+        let w = quantized(n, k, 1, dtype);
         let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
         let ours = Q0Matmul::with_kernel(&w, kernel).unwrap();
         let (ms, _) = time_ms((4096 / m).max(8), &|| ours.forward(&x).unwrap());
-        println!("{kernel:?} m={m:4} [{n}x{k}]: {ms:.3} ms");
+        println!("{kernel:?} {dtype:?} m={m:4} [{n}x{k}]: {ms:.3} ms");
     }
 }
 

@@ -186,6 +186,15 @@ macro_rules! x86_kernels {
             /// sums per block and row; `scales` their block scales, `[kb, 8]`). `dots[i]`
             /// gets weight row i's eight products.
             ///
+            /// Blocks outer: per block the eight rows' weights are unpacked into registers,
+            /// the 64 scale products `d_w * d_x` made eight to a multiply, and each
+            /// activation row's values and sums loaded once for the eight rows; the 64
+            /// accumulators live in memory (a load and a store a step, which the load and
+            /// store units take beside the vector pipes). Row by row, every row re-read the
+            /// tile's activations (14 KiB for the 0.5B), more than this core's first-level
+            /// cache kept: 2.9 -> 2.4 cycles a (weight row, block, activation row) step for
+            /// Q5_0 in `q0 speed_tile_kernel`, 2.98 -> 2.60 for Q8_0.
+            ///
             /// # Safety
             /// The CPU must support `$features`.
             #[target_feature(enable = $features)]
@@ -201,24 +210,65 @@ macro_rules! x86_kernels {
                 assert!(scales.len() == kb * TILE && count <= TILE);
                 assert!(lines.len() == kb * TILE);
                 rows.check(format, w.len(), kb);
-                for (wi, dots) in dots.iter_mut().enumerate().take(count) {
-                    let mut acc = [_mm256_setzero_ps(); TILE];
-                    for b in 0..kb {
-                        let [scale, qh, qs] = block_at(w.as_ptr(), rows, wi, b);
-                        let wv = weights(format, qh, qs);
-                        let dw = f16_to_f32(scale);
-                        let line = lines.as_ptr().add(b * TILE) as *const u8;
-                        for (i, acc) in acc.iter_mut().enumerate() {
-                            let y = line.add(i * 64);
-                            let d = _mm256_set1_ps(dw * *scales.get_unchecked(b * TILE + i));
-                            let l = lanes(format, wv, y, y.add(32) as *const i32);
-                            *acc = _mm256_fmadd_ps(d, l, *acc);
+                let wp = w.as_ptr();
+                // `acc[i][wi]`: activation row i, weight row wi (all eight computed: rows
+                // past `count` are a short group's padding or repeats, dropped below).
+                let mut acc = [[_mm256_setzero_ps(); TILE]; TILE];
+                // The block's `d_w * d_x`, `[activation row, weight row]`.
+                let mut products = [0f32; TILE * TILE];
+                for b in 0..kb {
+                    // Q5_0: `x + 16`; Q8_0: |x| (x is read again, as the sign source).
+                    let xu: [__m256i; TILE] = std::array::from_fn(|wi| {
+                        let [_, qh, qs] = block_at(wp, rows, wi, b);
+                        weights(format, qh, qs).1
+                    });
+                    let dw = group_scales(format, wp, rows, b);
+                    for i in 0..TILE {
+                        let dx = _mm256_set1_ps(*scales.get_unchecked(b * TILE + i));
+                        let at = products.as_mut_ptr().add(i * TILE);
+                        _mm256_storeu_ps(at, _mm256_mul_ps(dw, dx));
+                    }
+                    let line = lines.as_ptr().add(b * TILE) as *const u8;
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        let y = _mm256_loadu_si256(line.add(i * 64) as *const __m256i);
+                        let sums16 = _mm256_loadu_si256(line.add(i * 64 + 32) as *const __m256i);
+                        for (wi, acc) in acc.iter_mut().enumerate() {
+                            #[allow(clippy::redundant_closure_call)]
+                            let l = match format {
+                                Format::Q5_0 => _mm256_sub_epi32(($dot)(xu[wi], y), sums16),
+                                Format::Q8_0 => {
+                                    let [_, _, qs] = block_at(wp, rows, wi, b);
+                                    let x = _mm256_loadu_si256(qs as *const __m256i);
+                                    ($dot)(xu[wi], _mm256_sign_epi8(y, x))
+                                }
+                            };
+                            let d = _mm256_broadcast_ss(products.get_unchecked(i * TILE + wi));
+                            *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(l), *acc);
                         }
                     }
-                    for (d, acc) in dots.iter_mut().zip(acc) {
-                        *d = hsum(acc);
+                }
+                for (wi, dots) in dots.iter_mut().enumerate().take(count) {
+                    for (i, d) in dots.iter_mut().enumerate() {
+                        *d = hsum(acc[i][wi]);
                     }
                 }
+            }
+
+            /// The eight rows' block-`b` scales (row i in lane i).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn group_scales(format: Format, w: *const u8, rows: &Rows, b: usize) -> __m256 {
+                let at = b * rows.stride;
+                let h = match format {
+                    // Side by side (`Rows::check`).
+                    Format::Q5_0 => _mm_loadu_si128(w.add(rows.scale[0] + at) as *const __m128i),
+                    Format::Q8_0 => {
+                        let s: [i16; TILE] =
+                            std::array::from_fn(|i| read_i16(w.add(rows.scale[i] + at)));
+                        _mm_loadu_si128(s.as_ptr() as *const __m128i)
+                    }
+                };
+                _mm256_cvtph_ps(h)
             }
 
             /// Eight weight rows against one activation row (blocks `q`, lane sums
