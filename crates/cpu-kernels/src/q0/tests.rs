@@ -225,6 +225,7 @@ fn speed_batches() {
         // A slice of the 0.5B's output matrix, a batched decode step's eight rows.
         (GgmlDType::Q8_0, 16384, 896, 8),
         (GgmlDType::Q8_0, 16384, 896, 128),
+        (GgmlDType::Q8_0, 151936, 896, 8),
     ] {
         let w = quantized(n, k, 1, dtype);
         let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();

@@ -186,14 +186,10 @@ macro_rules! x86_kernels {
             /// sums per block and row; `scales` their block scales, `[kb, 8]`). `dots[i]`
             /// gets weight row i's eight products.
             ///
-            /// Blocks outer: per block the eight rows' weights are unpacked into registers,
-            /// the 64 scale products `d_w * d_x` made eight to a multiply, and each
-            /// activation row's values and sums loaded once for the eight rows; the 64
-            /// accumulators live in memory (a load and a store a step, which the load and
-            /// store units take beside the vector pipes). Row by row, every row re-read the
-            /// tile's activations (14 KiB for the 0.5B), more than this core's first-level
-            /// cache kept: 2.9 -> 2.4 cycles a (weight row, block, activation row) step for
-            /// Q5_0 in `q0 speed_tile_kernel`, 2.98 -> 2.60 for Q8_0.
+            /// Q5_0 goes blocks outer (see `q5_0_blocks`); Q8_0 row by row, each row read
+            /// front to back: its rows lie in the file apart, and blocks outer read eight of
+            /// them side by side, which the hardware prefetchers follow poorly (the 0.5B's
+            /// output matrix, eight rows: 16.6-16.9 -> 20.0-20.6 ms that way).
             ///
             /// # Safety
             /// The CPU must support `$features`.
@@ -210,19 +206,64 @@ macro_rules! x86_kernels {
                 assert!(scales.len() == kb * TILE && count <= TILE);
                 assert!(lines.len() == kb * TILE);
                 rows.check(format, w.len(), kb);
-                let wp = w.as_ptr();
+                if format == Format::Q5_0 {
+                    return q5_0_blocks(w.as_ptr(), rows, count, lines, scales, dots);
+                }
+                for (wi, dots) in dots.iter_mut().enumerate().take(count) {
+                    let mut acc = [_mm256_setzero_ps(); TILE];
+                    for b in 0..kb {
+                        let [scale, qh, qs] = block_at(w.as_ptr(), rows, wi, b);
+                        let wv = weights(format, qh, qs);
+                        let dw = f16_to_f32(scale);
+                        let line = lines.as_ptr().add(b * TILE) as *const u8;
+                        for (i, acc) in acc.iter_mut().enumerate() {
+                            let y = line.add(i * 64);
+                            let d = _mm256_set1_ps(dw * *scales.get_unchecked(b * TILE + i));
+                            let l = lanes(format, wv, y, y.add(32) as *const i32);
+                            *acc = _mm256_fmadd_ps(d, l, *acc);
+                        }
+                    }
+                    for (d, acc) in dots.iter_mut().zip(acc) {
+                        *d = hsum(acc);
+                    }
+                }
+            }
+
+            /// `dot_acts` for a Q5_0 group, blocks outer: per block the eight rows' weights
+            /// are unpacked into registers, the 64 scale products `d_w * d_x` made eight to
+            /// a multiply, and each activation row's values and sums loaded once for the
+            /// eight rows; the 64 accumulators live in memory (a load and a store a step,
+            /// which the load and store units take beside the vector pipes). Row by row,
+            /// every row re-read the tile's activations (14 KiB for the 0.5B), more than this
+            /// core's first-level cache kept: 2.9 -> 2.4 cycles a (weight row, block,
+            /// activation row) step in `q0 speed_tile_kernel`. The group is one stream in
+            /// memory either way.
+            ///
+            /// # Safety
+            /// As `dot_acts`, whose checks (`Rows::check`, lengths) it relies on.
+            #[target_feature(enable = $features)]
+            unsafe fn q5_0_blocks(
+                wp: *const u8,
+                rows: &Rows,
+                count: usize,
+                lines: &[[u8; 64]],
+                scales: &[f32],
+                dots: &mut [[f32; TILE]; TILE],
+            ) {
+                let kb = scales.len() / TILE;
                 // `acc[i][wi]`: activation row i, weight row wi (all eight computed: rows
-                // past `count` are a short group's padding or repeats, dropped below).
+                // past `count` are a short group's zero padding, dropped below).
                 let mut acc = [[_mm256_setzero_ps(); TILE]; TILE];
                 // The block's `d_w * d_x`, `[activation row, weight row]`.
                 let mut products = [0f32; TILE * TILE];
                 for b in 0..kb {
-                    // Q5_0: `x + 16`; Q8_0: |x| (x is read again, as the sign source).
                     let xu: [__m256i; TILE] = std::array::from_fn(|wi| {
                         let [_, qh, qs] = block_at(wp, rows, wi, b);
-                        weights(format, qh, qs).1
+                        decode(qh, qs)
                     });
-                    let dw = group_scales(format, wp, rows, b);
+                    // A group's eight scales side by side (`Rows::check`).
+                    let at = wp.add(rows.scale[0] + b * rows.stride);
+                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i));
                     for i in 0..TILE {
                         let dx = _mm256_set1_ps(*scales.get_unchecked(b * TILE + i));
                         let at = products.as_mut_ptr().add(i * TILE);
@@ -234,14 +275,7 @@ macro_rules! x86_kernels {
                         let sums16 = _mm256_loadu_si256(line.add(i * 64 + 32) as *const __m256i);
                         for (wi, acc) in acc.iter_mut().enumerate() {
                             #[allow(clippy::redundant_closure_call)]
-                            let l = match format {
-                                Format::Q5_0 => _mm256_sub_epi32(($dot)(xu[wi], y), sums16),
-                                Format::Q8_0 => {
-                                    let [_, _, qs] = block_at(wp, rows, wi, b);
-                                    let x = _mm256_loadu_si256(qs as *const __m256i);
-                                    ($dot)(xu[wi], _mm256_sign_epi8(y, x))
-                                }
-                            };
+                            let l = _mm256_sub_epi32(($dot)(xu[wi], y), sums16);
                             let d = _mm256_broadcast_ss(products.get_unchecked(i * TILE + wi));
                             *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(l), *acc);
                         }
@@ -252,23 +286,6 @@ macro_rules! x86_kernels {
                         *d = hsum(acc[i][wi]);
                     }
                 }
-            }
-
-            /// The eight rows' block-`b` scales (row i in lane i).
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn group_scales(format: Format, w: *const u8, rows: &Rows, b: usize) -> __m256 {
-                let at = b * rows.stride;
-                let h = match format {
-                    // Side by side (`Rows::check`).
-                    Format::Q5_0 => _mm_loadu_si128(w.add(rows.scale[0] + at) as *const __m128i),
-                    Format::Q8_0 => {
-                        let s: [i16; TILE] =
-                            std::array::from_fn(|i| read_i16(w.add(rows.scale[i] + at)));
-                        _mm_loadu_si128(s.as_ptr() as *const __m128i)
-                    }
-                };
-                _mm256_cvtph_ps(h)
             }
 
             /// Eight weight rows against one activation row (blocks `q`, lane sums
