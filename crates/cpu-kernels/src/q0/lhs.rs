@@ -42,8 +42,9 @@ fn lane_sums16(qs: &[u8]) -> impl Iterator<Item = i32> + '_ {
 // eight `lane_sums16`. One pointer then reaches all eight rows, where eight rows apart took
 // sixteen pointers and the loop reloaded them from the stack (`q0 speed` AVX2, 512 rows,
 // three alternating runs: [4864x896] 30.7 -> 29.8 ms, [896x4864] 34.7 -> 32.0). Tried and
-// slower: the scale products `d_w * d_x` made for a whole weight row first and broadcast
-// from memory (36.5).
+// slower in that row-by-row kernel: the scale products `d_w * d_x` made for a whole weight
+// row first and broadcast from memory (36.5); the blocks-outer Q5_0 kernel makes them per
+// block for its 64 pairs instead.
 
 /// Activation tiles as the 512-bit kernel reads them: for tile t, block b and row pair p
 /// (rows 2p, 2p+1 of the tile, padded with its first row) at index `(t * kb + b) * 4 + p`,

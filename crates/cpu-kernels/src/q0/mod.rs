@@ -15,8 +15,9 @@
 //!
 //! Kernels: 256-bit x86 ones (AVX2 + FMA + F16C, optionally AVX-VNNI or AVX512-VNNI for the
 //! integer part) when the CPU has them, checked at run time, and a portable scalar loop
-//! otherwise. The SIMD kernels compute eight outputs per pass: eight activation rows against
-//! one weight row (prefill), or eight weight rows against one activation row (decode). Q5_0
+//! otherwise. The SIMD kernels take a group of eight weight rows at a time, against a tile of
+//! eight activation rows (prefill and batches: Q5_0 block by block over all 64 pairs, Q8_0 one
+//! weight row at a time) or against one activation row (decode). Q5_0
 //! weights are regrouped at load so that the decode kernel unpacks them in fewer steps
 //! (module `layout`); the activations are laid out per kernel (module `lhs`). Work is
 //! split over weight rows and activation tiles on candle's own barrier pool, the pool CPU
