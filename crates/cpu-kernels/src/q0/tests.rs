@@ -222,7 +222,8 @@ fn speed_batches() {
         (GgmlDType::Q5_0, 4864, 896, 512),
         (GgmlDType::Q5_0, 896, 4864, 128),
         (GgmlDType::Q5_0, 896, 4864, 512),
-        // A slice of the 0.5B's output matrix, a batched decode step's eight rows.
+        // The 0.5B's output matrix, a cache-resident slice and then all of it (a batched
+        // decode step's eight rows).
         (GgmlDType::Q8_0, 16384, 896, 8),
         (GgmlDType::Q8_0, 16384, 896, 128),
         (GgmlDType::Q8_0, 151936, 896, 8),

@@ -189,7 +189,7 @@ macro_rules! x86_kernels {
             /// Q5_0 goes blocks outer (see `q5_0_blocks`); Q8_0 row by row, each row read
             /// front to back: its rows lie in the file apart, and blocks outer read eight of
             /// them side by side, which the hardware prefetchers follow poorly (the 0.5B's
-            /// output matrix, eight rows: 16.6-16.9 -> 20.0-20.6 ms that way).
+            /// output matrix, eight rows: 16.5-16.9 -> 20.0-20.6 ms that way).
             ///
             /// # Safety
             /// The CPU must support `$features`.
