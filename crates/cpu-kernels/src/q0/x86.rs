@@ -42,6 +42,18 @@ unsafe fn block_at(w: *const u8, rows: &super::Rows, i: usize, b: usize) -> [*co
     [rows.scale[i], rows.qh[i], rows.qs[i]].map(|o| w.add(o + at))
 }
 
+/// A Q5_0 group's eight block-`b` scales as f32 (row i in lane i): the grouped layout keeps
+/// them side by side (`Rows::check` asserts it).
+///
+/// # Safety
+/// As [`block_at`], for a Q5_0 group.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn group_scales(w: *const u8, rows: &super::Rows, b: usize) -> __m256 {
+    let at = w.add(rows.scale[0] + b * rows.stride);
+    _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
+}
+
 /// llama.cpp's `hsum_float_8`.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -125,7 +137,7 @@ macro_rules! x86_kernels {
     ($module:ident, $features:literal, $dot:expr) => {
         pub(super) mod $module {
             use super::super::{Format, Rows, WeightRows, Q8_BYTES, TILE};
-            use super::block_at;
+            use super::{block_at, group_scales};
             use std::arch::x86_64::*;
 
             /// The 32 weights of one Q5_0 block plus 16, as unsigned bytes in 0..=31.
@@ -261,9 +273,7 @@ macro_rules! x86_kernels {
                         let [_, qh, qs] = block_at(wp, rows, wi, b);
                         decode(qh, qs)
                     });
-                    // A group's eight scales side by side (`Rows::check`).
-                    let at = wp.add(rows.scale[0] + b * rows.stride);
-                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i));
+                    let dw = group_scales(wp, rows, b);
                     for i in 0..TILE {
                         let dx = _mm256_set1_ps(*scales.get_unchecked(b * TILE + i));
                         let at = products.as_mut_ptr().add(i * TILE);
@@ -332,11 +342,7 @@ macro_rules! x86_kernels {
                         // A group's eight scales side by side: all eight `d_w * d_x` at once
                         // (the same f32 products as one at a time).
                         Format::Q5_0 => {
-                            let ds = wp.add(rows.scale[0] + b * stride);
-                            let d = _mm256_mul_ps(
-                                _mm256_cvtph_ps(_mm_loadu_si128(ds as *const __m128i)),
-                                _mm256_set1_ps(dx),
-                            );
+                            let d = _mm256_mul_ps(group_scales(wp, rows, b), _mm256_set1_ps(dx));
                             let mut d8 = [0f32; TILE];
                             _mm256_storeu_ps(d8.as_mut_ptr(), d);
                             for (i, acc) in acc.iter_mut().enumerate() {
