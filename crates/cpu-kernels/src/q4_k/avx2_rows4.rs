@@ -18,99 +18,197 @@ use super::{Tile, MT, PREFETCH_TILES, Q8K_BSUMS, Q8K_BYTES, TILE_BYTES, TILE_N};
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-/// One group of eight values (`$w` bytes into the half tile's sub-block, `$y` into each
-/// activation row's sub-block): the low nibbles meet activations `$y..$y+4`, the high ones
-/// `$y+4..$y+8`, and each row's products add to its i16 sums.
-macro_rules! group {
-    ($w:literal, $y:literal, $y4:literal) => {
+/// One activation row's products with one group of eight values of both half tiles: the
+/// row's four low-nibble activations (`$y` bytes into its sub-block) broadcast once for the
+/// two halves' low nibbles, its four high ones (`$y + 4`) for their high nibbles.
+macro_rules! row {
+    ($yi:literal, $y:literal, $y4:literal, $s0:literal, $s1:literal, first) => {
         concat!(
-            "vmovdqu {w}, ymmword ptr [{qs} + ",
-            $w,
-            "]\n",
-            "vpsrlw {hi}, {w}, 4\n",
-            "vpand {w}, {w}, {mask}\n",
-            "vpand {hi}, {hi}, {mask}\n",
-            "vpbroadcastd {t0}, dword ptr [{y0} + ",
+            "vpbroadcastd {bl}, dword ptr [{",
+            $yi,
+            "} + ",
             $y,
             "]\n",
-            "vpbroadcastd {t1}, dword ptr [{y0} + ",
+            "vpbroadcastd {bh}, dword ptr [{",
+            $yi,
+            "} + ",
             $y4,
             "]\n",
-            "vpmaddubsw {t0}, {w}, {t0}\n",
-            "vpmaddubsw {t1}, {hi}, {t1}\n",
-            "vpaddw {s0}, {s0}, {t0}\n",
-            "vpaddw {s0}, {s0}, {t1}\n",
-            "vpbroadcastd {t2}, dword ptr [{y1} + ",
+            "vpmaddubsw {",
+            $s0,
+            "}, {l0}, {bl}\n",
+            "vpmaddubsw {p}, {h0}, {bh}\n",
+            "vpaddw {",
+            $s0,
+            "}, {",
+            $s0,
+            "}, {p}\n",
+            "vpmaddubsw {",
+            $s1,
+            "}, {l1}, {bl}\n",
+            "vpmaddubsw {p}, {h1}, {bh}\n",
+            "vpaddw {",
+            $s1,
+            "}, {",
+            $s1,
+            "}, {p}\n",
+        )
+    };
+    ($yi:literal, $y:literal, $y4:literal, $s0:literal, $s1:literal, add) => {
+        concat!(
+            "vpbroadcastd {bl}, dword ptr [{",
+            $yi,
+            "} + ",
             $y,
             "]\n",
-            "vpbroadcastd {t3}, dword ptr [{y1} + ",
+            "vpbroadcastd {bh}, dword ptr [{",
+            $yi,
+            "} + ",
             $y4,
             "]\n",
-            "vpmaddubsw {t2}, {w}, {t2}\n",
-            "vpmaddubsw {t3}, {hi}, {t3}\n",
-            "vpaddw {s1}, {s1}, {t2}\n",
-            "vpaddw {s1}, {s1}, {t3}\n",
-            "vpbroadcastd {t0}, dword ptr [{y2} + ",
-            $y,
-            "]\n",
-            "vpbroadcastd {t1}, dword ptr [{y2} + ",
-            $y4,
-            "]\n",
-            "vpmaddubsw {t0}, {w}, {t0}\n",
-            "vpmaddubsw {t1}, {hi}, {t1}\n",
-            "vpaddw {s2}, {s2}, {t0}\n",
-            "vpaddw {s2}, {s2}, {t1}\n",
-            "vpbroadcastd {t2}, dword ptr [{y3} + ",
-            $y,
-            "]\n",
-            "vpbroadcastd {t3}, dword ptr [{y3} + ",
-            $y4,
-            "]\n",
-            "vpmaddubsw {t2}, {w}, {t2}\n",
-            "vpmaddubsw {t3}, {hi}, {t3}\n",
-            "vpaddw {s3}, {s3}, {t2}\n",
-            "vpaddw {s3}, {s3}, {t3}\n",
+            "vpmaddubsw {p}, {l0}, {bl}\n",
+            "vpaddw {",
+            $s0,
+            "}, {",
+            $s0,
+            "}, {p}\n",
+            "vpmaddubsw {p}, {h0}, {bh}\n",
+            "vpaddw {",
+            $s0,
+            "}, {",
+            $s0,
+            "}, {p}\n",
+            "vpmaddubsw {p}, {l1}, {bl}\n",
+            "vpaddw {",
+            $s1,
+            "}, {",
+            $s1,
+            "}, {p}\n",
+            "vpmaddubsw {p}, {h1}, {bh}\n",
+            "vpaddw {",
+            $s1,
+            "}, {",
+            $s1,
+            "}, {p}\n",
         )
     };
 }
 
-/// The i16 sums (pairs of products side by side per row's 4-byte lane, as `vpmaddubsw` leaves
-/// them) of one sub-block of one half tile against four activation rows. `qs` points at the
-/// half tile's first group of the sub-block (groups 64 bytes apart), `y[i]` at row i's 32
-/// activations of the sub-block.
+/// One group of eight values (`$w` bytes into the sub-block's weights: 16 rows x 4 bytes,
+/// the first half tile's eight rows, then the second's; `$y` into each activation row's
+/// sub-block): both halves unpacked to nibbles, then the four activation rows' products.
+macro_rules! group {
+    ($w:literal, $w32:literal, $y:literal, $y4:literal, $how:ident) => {
+        concat!(
+            "vmovdqu {l0}, ymmword ptr [{qs} + ",
+            $w,
+            "]\n",
+            "vmovdqu {l1}, ymmword ptr [{qs} + ",
+            $w32,
+            "]\n",
+            "vpsrlw {h0}, {l0}, 4\n",
+            "vpsrlw {h1}, {l1}, 4\n",
+            "vpand {l0}, {l0}, {mask}\n",
+            "vpand {l1}, {l1}, {mask}\n",
+            "vpand {h0}, {h0}, {mask}\n",
+            "vpand {h1}, {h1}, {mask}\n",
+            row!("y0", $y, $y4, "s00", "s01", $how),
+            row!("y1", $y, $y4, "s10", "s11", $how),
+            row!("y2", $y, $y4, "s20", "s21", $how),
+            row!("y3", $y, $y4, "s30", "s31", $how),
+        )
+    };
+}
+
+/// One half tile's i16 sums against one activation row (`$s`) times the half's scales (`$sc`
+/// bytes into `sc`), added to the row's i32 sums for the half (`$at` bytes into `iblk`).
+macro_rules! scale {
+    ($s:literal, $sc:literal, $at:literal) => {
+        concat!(
+            "vpmaddwd {",
+            $s,
+            "}, {",
+            $s,
+            "}, ymmword ptr [{sc} + ",
+            $sc,
+            "]\n",
+            "vpaddd {",
+            $s,
+            "}, {",
+            $s,
+            "}, ymmword ptr [{iblk} + ",
+            $at,
+            "]\n",
+            "vmovdqu ymmword ptr [{iblk} + ",
+            $at,
+            "], {",
+            $s,
+            "}\n",
+        )
+    };
+}
+
+/// The i16 sums of one sub-block of both half tiles (16 weight rows x 32 values, at `qs`)
+/// against four activation rows (`y[i]` at row i's 32 activations of the sub-block), times
+/// the half tiles' scales of the sub-block (`sc`: two vectors of i16 pairs, as `vpmaddwd`
+/// multiplies them), added to `iblk` (i32 sums, `[row][half]`).
+///
+/// Why this shape: on Zen 3 one `vpmaddubsw` of the former kernel (one half tile a pass)
+/// cost 1.19-1.33 cycles, a third of it outside the products (`q4_k speed_tile_kernel`);
+/// the broadcasts and nibble masks took as many instructions as the products. Both halves
+/// in one pass read each broadcast twice and the sixteen vector registers hold exactly the
+/// eight sums, four unpacked weight vectors, two broadcasts and a product.
 ///
 /// # Safety
-/// AVX2; `qs` readable for 4 x 64 bytes (32 used of each), each `y[i]` for 32 bytes.
+/// AVX2; `qs` readable for 4 x 64 bytes, each `y[i]` for 32 bytes.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn sub_block(qs: *const u8, y: [*const u8; 4], mask: __m256i) -> [__m256i; 4] {
-    let zero = _mm256_setzero_si256();
-    let (mut s0, mut s1, mut s2, mut s3) = (zero, zero, zero, zero);
-    // SAFETY: the caller's bounds; the block reads memory and touches only its operands.
+unsafe fn sub_block(
+    qs: *const u8,
+    y: [*const u8; 4],
+    sc: &[__m256i; 2],
+    iblk: &mut [[__m256i; 2]; 4],
+) {
+    // SAFETY: the caller's bounds; the block reads memory, writes `iblk` and touches only
+    // its operands.
     asm!(
-        group!(0, 0, 4),
-        group!(64, 8, 12),
-        group!(128, 16, 20),
-        group!(192, 24, 28),
+        group!(0, 32, 0, 4, first),
+        group!(64, 96, 8, 12, add),
+        group!(128, 160, 16, 20, add),
+        group!(192, 224, 24, 28, add),
+        scale!("s00", 0, 0),
+        scale!("s01", 32, 32),
+        scale!("s10", 0, 64),
+        scale!("s11", 32, 96),
+        scale!("s20", 0, 128),
+        scale!("s21", 32, 160),
+        scale!("s30", 0, 192),
+        scale!("s31", 32, 224),
         qs = in(reg) qs,
         y0 = in(reg) y[0],
         y1 = in(reg) y[1],
         y2 = in(reg) y[2],
         y3 = in(reg) y[3],
-        mask = in(ymm_reg) mask,
-        s0 = inout(ymm_reg) s0,
-        s1 = inout(ymm_reg) s1,
-        s2 = inout(ymm_reg) s2,
-        s3 = inout(ymm_reg) s3,
-        w = out(ymm_reg) _,
-        hi = out(ymm_reg) _,
-        t0 = out(ymm_reg) _,
-        t1 = out(ymm_reg) _,
-        t2 = out(ymm_reg) _,
-        t3 = out(ymm_reg) _,
-        options(nostack, readonly, preserves_flags),
+        sc = in(reg) sc.as_ptr(),
+        iblk = in(reg) iblk.as_mut_ptr(),
+        mask = in(ymm_reg) _mm256_set1_epi8(0x0f),
+        s00 = out(ymm_reg) _,
+        s01 = out(ymm_reg) _,
+        s10 = out(ymm_reg) _,
+        s11 = out(ymm_reg) _,
+        s20 = out(ymm_reg) _,
+        s21 = out(ymm_reg) _,
+        s30 = out(ymm_reg) _,
+        s31 = out(ymm_reg) _,
+        l0 = out(ymm_reg) _,
+        l1 = out(ymm_reg) _,
+        h0 = out(ymm_reg) _,
+        h1 = out(ymm_reg) _,
+        bl = out(ymm_reg) _,
+        bh = out(ymm_reg) _,
+        p = out(ymm_reg) _,
+        options(nostack, preserves_flags),
     );
-    [s0, s1, s2, s3]
 }
 
 /// The eight u8 at `p` as i16 lanes, each twice: the pairs `vpmaddwd` multiplies.
@@ -135,17 +233,10 @@ pub(in crate::q4_k) unsafe fn dot(
 ) -> [[f32; TILE_N]; MT] {
     const M: usize = 4;
     debug_assert!(acts.len() == M);
-    let mask = _mm256_set1_epi8(0x0f);
     let mut acc = [[_mm256_setzero_ps(); 2]; M];
     let mut acc_min = [[_mm256_setzero_ps(); 2]; M];
     for (b, tile) in tiles.iter().enumerate() {
-        // Into L2, not L1 (`speed_cold_step`, eight decode rows, alternating runs: 72-75 ms a
-        // step with T0, 60 with T1; `q4_k speed` 512 rows no slower): 37 lines a tile asked
-        // into L1 at once crowd out the lines this tile is reading; L2 holds them until then.
         let ahead = (tile as *const Tile as *const u8).wrapping_add(PREFETCH_TILES * TILE_BYTES);
-        for line in 0..TILE_BYTES / 64 {
-            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * line) as *const i8);
-        }
         let q: [*const u8; M] = std::array::from_fn(|i| acts[i].as_ptr().add(b * Q8K_BYTES));
         // Each row's eight sub-block sums (two i16 sums of 16 each, added: |sum| <= 4064),
         // as i16 pairs: entry p holds sub-blocks 2p and 2p + 1.
@@ -155,28 +246,39 @@ pub(in crate::q4_k) unsafe fn dot(
             let sums = _mm_hadd_epi16(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
             _mm_storeu_si128(pairs.as_mut_ptr() as *mut __m128i, sums);
         }
+        // The products llama.cpp forms at every step (the same floats each time).
+        let half = |v: &[u16; TILE_N], h: usize| {
+            _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(8 * h) as *const __m128i))
+        };
+        let (d, dmin) = (
+            [half(&tile.d, 0), half(&tile.d, 1)],
+            [half(&tile.dmin, 0), half(&tile.dmin, 1)],
+        );
         let dall: [__m256; M] =
             std::array::from_fn(|i| _mm256_set1_ps(std::ptr::read_unaligned(q[i] as *const f32)));
-        for h in 0..2 {
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(tile.d.as_ptr().add(8 * h) as *const __m128i));
-            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(
-                tile.dmin.as_ptr().add(8 * h) as *const __m128i
-            ));
-            // The products llama.cpp forms at every step (the same floats each time).
-            let d_all: [__m256; M] = std::array::from_fn(|i| _mm256_mul_ps(d, dall[i]));
-            let dmin_all: [__m256; M] = std::array::from_fn(|i| _mm256_mul_ps(dmin, dall[i]));
-            let mut iblk = [_mm256_setzero_si256(); M];
-            let mut imin = [_mm256_setzero_si256(); M];
-            for p in 0..4 {
-                for sub in [2 * p, 2 * p + 1] {
-                    let y = std::array::from_fn(|i| q[i].add(4 + 32 * sub));
-                    let isum =
-                        sub_block(tile.qs.as_ptr().add(sub * 4 * TILE_N * 4 + 32 * h), y, mask);
-                    let sc = dup_i16(tile.sc[sub].as_ptr().add(8 * h));
-                    for i in 0..M {
-                        iblk[i] = _mm256_add_epi32(iblk[i], _mm256_madd_epi16(isum[i], sc));
-                    }
-                }
+        let mut iblk = [[_mm256_setzero_si256(); 2]; M];
+        let mut imin = [[_mm256_setzero_si256(); 2]; M];
+        for p in 0..4 {
+            // A quarter of the tile ahead before each pair of sub-blocks, into L2. Asked for
+            // at once at the tile's start, most of its 37 lines came as if not asked for
+            // (`speed_cold_step`, six alternating runs, medians: four rows 49.6 -> 37.8 ms a
+            // step, eight rows 80.7 -> 73.0): a core tracks only so many misses at a time
+            // and drops the hints past them. Into L2 (asked for at once, lines into L1
+            // crowded out the ones the tile was reading; spread, T0 and T1 measure alike).
+            for line in p * 10..(p * 10 + 10).min(TILE_BYTES / 64) {
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * line) as *const i8);
+            }
+            for sub in [2 * p, 2 * p + 1] {
+                let y = std::array::from_fn(|i| q[i].add(4 + 32 * sub));
+                let sc = [0, 1].map(|h| dup_i16(tile.sc[sub].as_ptr().add(8 * h)));
+                sub_block(
+                    tile.qs.as_ptr().add(sub * 4 * TILE_N * 4),
+                    y,
+                    &sc,
+                    &mut iblk,
+                );
+            }
+            for h in 0..2 {
                 // The pair's mins per row as i16 pairs (m_2p, m_2p+1): one `vpmaddwd` with
                 // the pair's activation sums is m_2p * s_2p + m_2p+1 * s_2p+1, the integer
                 // the sub-block steps add.
@@ -186,19 +288,23 @@ pub(in crate::q4_k) unsafe fn dot(
                 ));
                 for (imin, pairs) in imin.iter_mut().zip(&bsum_pairs) {
                     let s = _mm256_set1_epi32(pairs[p]);
-                    *imin = _mm256_add_epi32(*imin, _mm256_madd_epi16(mn, s));
+                    imin[h] = _mm256_add_epi32(imin[h], _mm256_madd_epi16(mn, s));
                 }
-                // llama.cpp's gemm rows add every 64 values, its gemv rows every block.
-                for i in 0..M {
-                    if !gemm[i] && p != 3 {
-                        continue;
-                    }
-                    acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iblk[i]), d_all[i], acc[i][h]);
+            }
+            // llama.cpp's gemm rows add every 64 values, its gemv rows every block.
+            for i in 0..M {
+                if !gemm[i] && p != 3 {
+                    continue;
+                }
+                for h in 0..2 {
+                    let d_all = _mm256_mul_ps(d[h], dall[i]);
+                    let dmin_all = _mm256_mul_ps(dmin[h], dall[i]);
+                    acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iblk[i][h]), d_all, acc[i][h]);
                     acc_min[i][h] =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[i]), dmin_all[i], acc_min[i][h]);
-                    iblk[i] = _mm256_setzero_si256();
-                    imin[i] = _mm256_setzero_si256();
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[i][h]), dmin_all, acc_min[i][h]);
                 }
+                iblk[i] = [_mm256_setzero_si256(); 2];
+                imin[i] = [_mm256_setzero_si256(); 2];
             }
         }
     }

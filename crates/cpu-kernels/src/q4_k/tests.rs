@@ -47,7 +47,7 @@ fn simd_matches_scalar_and_is_close_to_candle() {
         (32, 512),
     ] {
         let w = q4k_weight(n, k, (n * 31 + k) as u64);
-        for m in [1, 3, 4, 5, 17, 64] {
+        for m in [1, 3, 4, 5, 8, 16, 17, 64] {
             let x = Tensor::from_vec(values(m * k, m as u64 + 7), (m, k), &Device::Cpu).unwrap();
             let scalar = run(&w, Kernel::Scalar, &x);
             for kernel in kernels().into_iter().skip(1) {
@@ -269,7 +269,7 @@ fn speed_cold_step() {
                     .collect()
             })
             .collect();
-        for m in [1, 8] {
+        for m in [1, 4, 8] {
             let inputs: Vec<Tensor> = shapes
                 .iter()
                 .map(|&(_, k)| Tensor::from_vec(values(m * k, 3), (m, k), &Device::Cpu).unwrap())
@@ -283,6 +283,48 @@ fn speed_cold_step() {
             });
             let gb_s = 28.0 * bytes as f64 / ms / 1e6;
             println!("{kernel:?}, {m} rows: {ms:.2} ms a step, {gb_s:.1} GB/s");
+        }
+    }
+}
+
+/// The AVX2 four-row kernel alone on one tile row that stays in L1 (16 weight rows x k
+/// against four activation rows; k = 1536: 21 KiB): cycles per `vpmaddubsw` (32 products)
+/// at `CPU_GHZ` (default 3.2), to tell the kernel's own pace from the memory's.
+/// `cargo test --release -p tokenrouter-cpu-kernels --lib q4_k::tests::speed_tile_kernel -- --exact --ignored --nocapture`
+#[test]
+#[ignore]
+fn speed_tile_kernel() {
+    if !Kernel::Avx2.available() {
+        return;
+    }
+    let ghz: f64 = std::env::var("CPU_GHZ")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3.2);
+    for k in [256, 1536] {
+        let kb = k / QK_K;
+        let ours = Q4kMatmul::with_kernel(&q4k_weight(16, k, 1), Kernel::Avx2).unwrap();
+        let lhs = crate::act_quant::quantize_rows_q8k(&values(4 * k, 2), k);
+        let lhs = as_bytes(&lhs);
+        let acts: [&[u8]; MT] =
+            std::array::from_fn(|i| &lhs[i * kb * Q8K_BYTES..(i + 1) * kb * Q8K_BYTES]);
+        // Prompt rows (llama.cpp's gemm) and batched decode rows (its gemv).
+        for (name, gemm) in [("gemm", true), ("gemv", false)] {
+            let reps = 200_000 / kb;
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let t0 = std::time::Instant::now();
+                for _ in 0..reps {
+                    // SAFETY: the CPU runs AVX2 (checked above); four rows of `kb` blocks.
+                    let out = unsafe { avx2_rows4::dot(&ours.tiles, &acts, [gemm; MT]) };
+                    std::hint::black_box(out);
+                }
+                best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+            }
+            println!(
+                "k={k} {name}: {:.3} cycles per vpmaddubsw",
+                best * ghz * 1e9 / (512 * kb) as f64
+            );
         }
     }
 }
