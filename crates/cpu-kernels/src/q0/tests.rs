@@ -268,19 +268,22 @@ fn speed_cold_step() {
                     .collect()
             })
             .collect();
-        let inputs: Vec<Tensor> = shapes
-            .iter()
-            .map(|&(_, k)| Tensor::from_vec(values(k, 3), (1, k), &Device::Cpu).unwrap())
-            .collect();
-        let (ms, _) = time_ms(5, &|| {
-            for layer in &layers {
-                for (w, x) in layer.iter().zip(&inputs) {
-                    w.forward(x).unwrap();
+        // One row (a decode step), eight (a batched one).
+        for m in [1, 8] {
+            let inputs: Vec<Tensor> = shapes
+                .iter()
+                .map(|&(_, k)| Tensor::from_vec(values(m * k, 3), (m, k), &Device::Cpu).unwrap())
+                .collect();
+            let (ms, _) = time_ms(5, &|| {
+                for layer in &layers {
+                    for (w, x) in layer.iter().zip(&inputs) {
+                        w.forward(x).unwrap();
+                    }
                 }
-            }
-        });
-        let gb_s = layers.len() as f64 * bytes as f64 / ms / 1e6;
-        println!("{kernel:?}, 1 row: {ms:.2} ms a step, {gb_s:.1} GB/s");
+            });
+            let gb_s = layers.len() as f64 * bytes as f64 / ms / 1e6;
+            println!("{kernel:?}, {m} rows: {ms:.2} ms a step, {gb_s:.1} GB/s");
+        }
     }
 }
 

@@ -181,3 +181,41 @@ fn speed() {
         }
     }
 }
+
+/// The Q6_K matrices of a 1.5B decode step one after another (half of its 28 layers keep
+/// v and down in Q6_K, and the output matrix: 290 MB, cold from DRAM as in a real step),
+/// one activation row and eight decode rows (a batched step).
+/// `cargo test --release -p tokenrouter-cpu-kernels --lib q6_k::tests::speed_cold_step -- --exact --ignored --nocapture`
+#[test]
+#[ignore]
+fn speed_cold_step() {
+    let shapes = [(256, 1536), (1536, 8960)];
+    let output = q6k_weight(151936, 1536, 9);
+    for kernel in kernels().into_iter().skip(1) {
+        let layers: Vec<Vec<Q6kMatmul>> = (0..14)
+            .map(|l| {
+                shapes
+                    .iter()
+                    .map(|&(n, k)| Q6kMatmul::with_kernel(&q6k_weight(n, k, l), kernel).unwrap())
+                    .collect()
+            })
+            .collect();
+        let output = Q6kMatmul::with_kernel(&output, kernel).unwrap();
+        for m in [1, 8] {
+            let inputs: Vec<Tensor> = shapes
+                .iter()
+                .map(|&(_, k)| Tensor::from_vec(values(m * k, 3), (m, k), &Device::Cpu).unwrap())
+                .collect();
+            let last = Tensor::from_vec(values(m * 1536, 4), (m, 1536), &Device::Cpu).unwrap();
+            let (layers_ms, _) = time_ms(5, &|| {
+                for layer in &layers {
+                    for (w, x) in layer.iter().zip(&inputs) {
+                        w.forward(x, None).unwrap();
+                    }
+                }
+            });
+            let (out_ms, _) = time_ms(5, &|| output.forward(&last, None).unwrap());
+            println!("{kernel:?}, {m} rows: layers {layers_ms:.2} ms, output {out_ms:.2} ms");
+        }
+    }
+}

@@ -35,6 +35,13 @@ unsafe fn add_block<const TILED: bool>(
     }
 }
 
+/// How far ahead of the block being read the eight-decode-row AVX2 kernel asks for the
+/// weights (32 blocks, 6.7 KB: its rows lie one after another, so this is one stream), a
+/// block's worth of lines a block. `speed_cold_step` (the 1.5B's Q6_K matrices, eight rows,
+/// four alternating rounds, medians): layers 20.2 -> 14.9 ms, output 24.1 -> 19.0 (16 blocks
+/// ahead 15.8 / 19.9, 64 blocks 16.5 / 20.9).
+const PF_DIST: usize = 32 * super::Q6K_BYTES;
+
 pub(super) mod avx512 {
     use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
     use std::arch::x86_64::*;
@@ -130,6 +137,7 @@ pub(super) mod avx512 {
 
 pub(super) mod avx2 {
     use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
+    use super::PF_DIST;
     use std::arch::x86_64::*;
 
     /// Eight weight rows against the Q8_K blocks of `A` activation rows `qs`, with
@@ -158,9 +166,10 @@ pub(super) mod avx2 {
         let m4 = _mm256_set1_epi8(0x0f);
         let m30 = _mm256_set1_epi8(0x30);
         let mut acc = [[_mm256_setzero_ps(); ROWS]; A];
-        // Row by row, as the 512-bit kernel (no software prefetch: a burst of prefetches for
-        // the next rows stalled the loads of these; the 1.5B's output matrix for one row took
-        // 5.0 ms with it, 4.0 without).
+        // Row by row, as the 512-bit kernel. No burst of prefetches for the next rows (it
+        // stalled the loads of these; the 1.5B's output matrix for one row took 5.0 ms with
+        // it, 4.0 without); eight decode rows ask for a block's lines a block ahead
+        // (`PF_DIST`), where the work per block leaves the stream room.
         for r in 0..ROWS {
             for b in 0..kb {
                 let ys: [*const u8; A] = std::array::from_fn(|a| qs[a].as_ptr().add(b * Q8K_BYTES));
@@ -168,6 +177,10 @@ pub(super) mod avx2 {
                 let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
                 let mut sumi = [_mm256_setzero_si256(); A];
                 if A == 8 && !TILED {
+                    let ahead = blk.wrapping_add(PF_DIST);
+                    for line in 0..4 {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+                    }
                     // Eight decode rows: the same integers from a spill-free `asm!` run
                     // (`q6_k speed`, eight decode rows, alternating runs: [1536x8960]
                     // 0.88-0.89 -> 0.83-0.88 ms, [8960x1536] 0.93-0.94 -> 0.88-0.92,
