@@ -2,27 +2,49 @@
 //! its innermost loop written out in `asm!`.
 //!
 //! Why by hand: AVX2 has no u8 x i8 -> i32 dot, so every 32 products cost a `vpmaddubsw`
-//! and a `vpaddw`; a Zen 4 core retires about 1.5 such pairs a cycle (measured with a
-//! register-only loop), and the compiler's schedule of the intrinsics kernel (`x86.rs`) for
-//! four rows reached 0.56: it hoisted the activation broadcasts of one half tile into stack
-//! slots for the other and reloaded them, a third of its instructions spills. Here one
-//! sub-block of one half tile (eight weight rows x 32 values) against the four rows is a
-//! straight run of loads, nibble masks, broadcasts, `vpmaddubsw` and `vpaddw` on registers
-//! only (1.2 pairs a cycle alone); the scales, mins and f32 steps around it stay intrinsics,
-//! with each step's `d * d_y` formed once per block. (Both half tiles in one run, sharing
-//! the broadcasts, needs all 16 registers and measured slower.) The arithmetic is unchanged,
-//! llama.cpp's (see `dot_scalar`): the same i16 sums per sub-block, the same integers (a
-//! pair of sub-blocks' mins in one `vpmaddwd`), the same f32 operations in the same order.
+//! and a `vpaddw`, and the compiler's schedule of the intrinsics kernel (`x86.rs`) for four
+//! rows spilled a third of its instructions (it hoisted one half tile's activation
+//! broadcasts into stack slots for the other and reloaded them). Here one sub-block of both
+//! half tiles (16 weight rows x 32 values) against the four rows is a straight run on the 16
+//! vector registers: loads, nibble masks, each activation broadcast once for the 16 rows,
+//! `vpmaddubsw` and `vpaddw` into eight i16 sums, then each sum times its sub-block scales
+//! (`vpmaddwd`) added to the row's i32 sums in memory. The mins and f32 steps around it stay
+//! intrinsics. (On Zen 4 an earlier both-halves run without the scales measured slower than
+//! one half a pass; on Zen 3 this one is faster: `speed_tile_kernel`, gemv rows, 1.19 ->
+//! 1.04-1.11 cycles per `vpmaddubsw`.) The arithmetic is unchanged, llama.cpp's (see
+//! `dot_scalar`): the same integers (exact, whatever order they are added in; a pair of
+//! sub-blocks' mins in one `vpmaddwd`), the same f32 operations in the same order.
 
 use super::{Tile, MT, PREFETCH_TILES, Q8K_BSUMS, Q8K_BYTES, TILE_BYTES, TILE_N};
 use std::arch::asm;
 use std::arch::x86_64::*;
 
+/// `$s` = (first group of the sub-block) or += (the others) the products of `$w` and `$b`.
+macro_rules! products {
+    (first, $s:literal, $w:literal, $b:literal) => {
+        concat!("vpmaddubsw {", $s, "}, {", $w, "}, {", $b, "}\n")
+    };
+    (add, $s:literal, $w:literal, $b:literal) => {
+        concat!(
+            "vpmaddubsw {p}, {",
+            $w,
+            "}, {",
+            $b,
+            "}\n",
+            "vpaddw {",
+            $s,
+            "}, {",
+            $s,
+            "}, {p}\n",
+        )
+    };
+}
+
 /// One activation row's products with one group of eight values of both half tiles: the
 /// row's four low-nibble activations (`$y` bytes into its sub-block) broadcast once for the
 /// two halves' low nibbles, its four high ones (`$y + 4`) for their high nibbles.
 macro_rules! row {
-    ($yi:literal, $y:literal, $y4:literal, $s0:literal, $s1:literal, first) => {
+    ($yi:literal, $y:literal, $y4:literal, $s0:literal, $s1:literal, $how:ident) => {
         concat!(
             "vpbroadcastd {bl}, dword ptr [{",
             $yi,
@@ -34,62 +56,10 @@ macro_rules! row {
             "} + ",
             $y4,
             "]\n",
-            "vpmaddubsw {",
-            $s0,
-            "}, {l0}, {bl}\n",
-            "vpmaddubsw {p}, {h0}, {bh}\n",
-            "vpaddw {",
-            $s0,
-            "}, {",
-            $s0,
-            "}, {p}\n",
-            "vpmaddubsw {",
-            $s1,
-            "}, {l1}, {bl}\n",
-            "vpmaddubsw {p}, {h1}, {bh}\n",
-            "vpaddw {",
-            $s1,
-            "}, {",
-            $s1,
-            "}, {p}\n",
-        )
-    };
-    ($yi:literal, $y:literal, $y4:literal, $s0:literal, $s1:literal, add) => {
-        concat!(
-            "vpbroadcastd {bl}, dword ptr [{",
-            $yi,
-            "} + ",
-            $y,
-            "]\n",
-            "vpbroadcastd {bh}, dword ptr [{",
-            $yi,
-            "} + ",
-            $y4,
-            "]\n",
-            "vpmaddubsw {p}, {l0}, {bl}\n",
-            "vpaddw {",
-            $s0,
-            "}, {",
-            $s0,
-            "}, {p}\n",
-            "vpmaddubsw {p}, {h0}, {bh}\n",
-            "vpaddw {",
-            $s0,
-            "}, {",
-            $s0,
-            "}, {p}\n",
-            "vpmaddubsw {p}, {l1}, {bl}\n",
-            "vpaddw {",
-            $s1,
-            "}, {",
-            $s1,
-            "}, {p}\n",
-            "vpmaddubsw {p}, {h1}, {bh}\n",
-            "vpaddw {",
-            $s1,
-            "}, {",
-            $s1,
-            "}, {p}\n",
+            products!($how, $s0, "l0", "bl"),
+            products!(add, $s0, "h0", "bh"),
+            products!($how, $s1, "l1", "bl"),
+            products!(add, $s1, "h1", "bh"),
         )
     };
 }
@@ -154,10 +124,11 @@ macro_rules! scale {
 /// multiplies them), added to `iblk` (i32 sums, `[row][half]`).
 ///
 /// Why this shape: on Zen 3 one `vpmaddubsw` of the former kernel (one half tile a pass)
-/// cost 1.19-1.33 cycles, a third of it outside the products (`q4_k speed_tile_kernel`);
-/// the broadcasts and nibble masks took as many instructions as the products. Both halves
-/// in one pass read each broadcast twice and the sixteen vector registers hold exactly the
-/// eight sums, four unpacked weight vectors, two broadcasts and a product.
+/// cost 1.19-1.33 cycles, 0.52 of them outside the products (`speed_tile_kernel` with the
+/// `asm!` emptied), and within the products the broadcasts and nibble masks were as many
+/// instructions as the multiplies. Both halves in one pass use each broadcast twice; the 16
+/// registers hold the eight sums, four unpacked weight vectors, two broadcasts, a product and
+/// the mask.
 ///
 /// # Safety
 /// AVX2; `qs` readable for 4 x 64 bytes, each `y[i]` for 32 bytes.
@@ -246,7 +217,7 @@ pub(in crate::q4_k) unsafe fn dot(
             let sums = _mm_hadd_epi16(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
             _mm_storeu_si128(pairs.as_mut_ptr() as *mut __m128i, sums);
         }
-        // The products llama.cpp forms at every step (the same floats each time).
+        // Each half tile's eight `d` and `dmin`, as f32.
         let half = |v: &[u16; TILE_N], h: usize| {
             _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(8 * h) as *const __m128i))
         };
@@ -256,6 +227,9 @@ pub(in crate::q4_k) unsafe fn dot(
         );
         let dall: [__m256; M] =
             std::array::from_fn(|i| _mm256_set1_ps(std::ptr::read_unaligned(q[i] as *const f32)));
+        // The products llama.cpp forms at every step (the same floats each time).
+        let d_all: [[__m256; 2]; M] = dall.map(|y| d.map(|d| _mm256_mul_ps(d, y)));
+        let dmin_all: [[__m256; 2]; M] = dall.map(|y| dmin.map(|d| _mm256_mul_ps(d, y)));
         let mut iblk = [[_mm256_setzero_si256(); 2]; M];
         let mut imin = [[_mm256_setzero_si256(); 2]; M];
         for p in 0..4 {
@@ -297,11 +271,10 @@ pub(in crate::q4_k) unsafe fn dot(
                     continue;
                 }
                 for h in 0..2 {
-                    let d_all = _mm256_mul_ps(d[h], dall[i]);
-                    let dmin_all = _mm256_mul_ps(dmin[h], dall[i]);
-                    acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iblk[i][h]), d_all, acc[i][h]);
+                    let (d, dmin) = (d_all[i][h], dmin_all[i][h]);
+                    acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iblk[i][h]), d, acc[i][h]);
                     acc_min[i][h] =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[i][h]), dmin_all, acc_min[i][h]);
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[i][h]), dmin, acc_min[i][h]);
                 }
                 iblk[i] = [_mm256_setzero_si256(); 2];
                 imin[i] = [_mm256_setzero_si256(); 2];

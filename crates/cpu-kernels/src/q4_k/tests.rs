@@ -236,8 +236,8 @@ fn speed() {
 
 /// The Q4_K matrices of a 1.5B decode step one after another (28 layers of q, k, v, o, gate,
 /// up, down: 730 MB, each cold from DRAM as in a real step, unlike `speed`'s one matrix read
-/// again and again), one activation row and eight decode rows (a batched step): the rate a
-/// step streams its weights at.
+/// again and again), one activation row, four (one group: the kernel's own pace against the
+/// stream) and eight decode rows (a batched step): the rate a step streams its weights at.
 #[test]
 #[ignore]
 fn speed_cold_step() {

@@ -183,7 +183,7 @@ fn speed() {
 }
 
 /// The Q6_K matrices of a 1.5B decode step one after another (half of its 28 layers keep
-/// v and down in Q6_K, and the output matrix: 290 MB, cold from DRAM as in a real step),
+/// v and down in Q6_K, and the output matrix: about 350 MB, cold from DRAM as in a real step),
 /// one activation row and eight decode rows (a batched step).
 /// `cargo test --release -p tokenrouter-cpu-kernels --lib q6_k::tests::speed_cold_step -- --exact --ignored --nocapture`
 #[test]
