@@ -10,10 +10,13 @@
 //! `vpmaddubsw` and `vpaddw` into eight i16 sums, then each sum times its sub-block scales
 //! (`vpmaddwd`) added to the row's i32 sums in memory. The mins and f32 steps around it stay
 //! intrinsics. (On Zen 4 an earlier both-halves run without the scales measured slower than
-//! one half a pass; on Zen 3 this one is faster: `speed_tile_kernel`, gemv rows, 1.19 ->
-//! 1.04-1.11 cycles per `vpmaddubsw`.) The arithmetic is unchanged, llama.cpp's (see
-//! `dot_scalar`): the same integers (exact, whatever order they are added in; a pair of
-//! sub-blocks' mins in one `vpmaddwd`), the same f32 operations in the same order.
+//! one half a pass; on Zen 3 this one is faster: `speed_cold_step`, both with the spread
+//! prefetch, five alternating runs, medians: four rows 41.0 -> 37.0 ms, eight 77.5 -> 70.2.
+//! `speed_tile_kernel` moves with code and data placement between builds, 1.19 -> 1.04 one
+//! time, 1.12 -> 1.17 another, so it is no judge between two builds.) The arithmetic is
+//! unchanged, llama.cpp's (see `dot_scalar`): the same integers (exact, whatever order they
+//! are added in; a pair of sub-blocks' mins in one `vpmaddwd`), the same f32 operations in
+//! the same order.
 
 use super::{Tile, MT, PREFETCH_TILES, Q8K_BSUMS, Q8K_BYTES, TILE_BYTES, TILE_N};
 use std::arch::asm;
@@ -124,8 +127,8 @@ macro_rules! scale {
 /// multiplies them), added to `iblk` (i32 sums, `[row][half]`).
 ///
 /// Why this shape: on Zen 3 one `vpmaddubsw` of the former kernel (one half tile a pass)
-/// cost 1.19-1.33 cycles, 0.52 of them outside the products (`speed_tile_kernel` with the
-/// `asm!` emptied), and within the products the broadcasts and nibble masks were as many
+/// cost 1.19-1.33 cycles, about 0.5 of them outside the products (`speed_tile_kernel` with
+/// the `asm!` emptied), and within the products the broadcasts and nibble masks were as many
 /// instructions as the multiplies. Both halves in one pass use each broadcast twice; the 16
 /// registers hold the eight sums, four unpacked weight vectors, two broadcasts, a product and
 /// the mask.
