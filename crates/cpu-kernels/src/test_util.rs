@@ -40,6 +40,25 @@ fn thread_cpu_ms() -> f64 {
         .map_or(0.0, |ns| ns / 1e6)
 }
 
+/// One `[m, k]` input per `(n, k)` weight shape (the cold-step measurements' activations).
+pub fn inputs_for(shapes: &[(usize, usize)], m: usize, seed: u64) -> Vec<candle_core::Tensor> {
+    shapes
+        .iter()
+        .map(|&(_, k)| {
+            let x = values(m * k, seed);
+            candle_core::Tensor::from_vec(x, (m, k), &candle_core::Device::Cpu).unwrap()
+        })
+        .collect()
+}
+
+/// The clock the kernel microbenchmarks turn time into cycles with: `CPU_GHZ`, else 3.2.
+pub fn cpu_ghz() -> f64 {
+    std::env::var("CPU_GHZ")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3.2)
+}
+
 /// `f` run once to warm up, then `reps` times: the fastest wall time in ms (the machine may
 /// be shared) and the mean CPU time of this thread.
 pub fn time_ms<T>(reps: usize, f: &dyn Fn() -> T) -> (f64, f64) {

@@ -270,10 +270,7 @@ fn speed_cold_step() {
             .collect();
         // One row (a decode step), eight (a batched one).
         for m in [1, 8] {
-            let inputs: Vec<Tensor> = shapes
-                .iter()
-                .map(|&(_, k)| Tensor::from_vec(values(m * k, 3), (m, k), &Device::Cpu).unwrap())
-                .collect();
+            let inputs = crate::test_util::inputs_for(&shapes, m, 3);
             let (ms, _) = time_ms(5, &|| {
                 for layer in &layers {
                     for (w, x) in layer.iter().zip(&inputs) {
@@ -297,10 +294,7 @@ fn speed_tile_kernel() {
     if !Kernel::Avx2.available() {
         return;
     }
-    let ghz: f64 = std::env::var("CPU_GHZ")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3.2);
+    let ghz = crate::test_util::cpu_ghz();
     let (n, k) = (8, 896);
     let kb = k / QK;
     let x = values(8 * k, 2);

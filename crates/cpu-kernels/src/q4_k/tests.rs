@@ -270,10 +270,7 @@ fn speed_cold_step() {
             })
             .collect();
         for m in [1, 4, 8] {
-            let inputs: Vec<Tensor> = shapes
-                .iter()
-                .map(|&(_, k)| Tensor::from_vec(values(m * k, 3), (m, k), &Device::Cpu).unwrap())
-                .collect();
+            let inputs = crate::test_util::inputs_for(&shapes, m, 3);
             let (ms, _) = time_ms(5, &|| {
                 for layer in &layers {
                     for (w, x) in layer.iter().zip(&inputs) {
@@ -291,16 +288,14 @@ fn speed_cold_step() {
 /// against four activation rows; k = 1536: 21 KiB): cycles per `vpmaddubsw` (32 products)
 /// at `CPU_GHZ` (default 3.2), to tell the kernel's own pace from the memory's.
 /// `cargo test --release -p tokenrouter-cpu-kernels --lib q4_k::tests::speed_tile_kernel -- --exact --ignored --nocapture`
+#[cfg(target_arch = "x86_64")]
 #[test]
 #[ignore]
 fn speed_tile_kernel() {
     if !Kernel::Avx2.available() {
         return;
     }
-    let ghz: f64 = std::env::var("CPU_GHZ")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3.2);
+    let ghz = crate::test_util::cpu_ghz();
     for k in [256, 1536] {
         let kb = k / QK_K;
         let ours = Q4kMatmul::with_kernel(&q4k_weight(16, k, 1), Kernel::Avx2).unwrap();

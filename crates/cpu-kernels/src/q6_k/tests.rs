@@ -202,10 +202,7 @@ fn speed_cold_step() {
             .collect();
         let output = Q6kMatmul::with_kernel(&output, kernel).unwrap();
         for m in [1, 8] {
-            let inputs: Vec<Tensor> = shapes
-                .iter()
-                .map(|&(_, k)| Tensor::from_vec(values(m * k, 3), (m, k), &Device::Cpu).unwrap())
-                .collect();
+            let inputs = crate::test_util::inputs_for(&shapes, m, 3);
             let last = Tensor::from_vec(values(m * 1536, 4), (m, 1536), &Device::Cpu).unwrap();
             let (layers_ms, _) = time_ms(5, &|| {
                 for layer in &layers {
