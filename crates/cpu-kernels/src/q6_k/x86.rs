@@ -40,7 +40,7 @@ unsafe fn add_block<const TILED: bool>(
 /// block's worth of lines a block. `speed_cold_step` (the 1.5B's Q6_K matrices, eight rows,
 /// four alternating rounds, medians): layers 20.2 -> 14.9 ms, output 24.1 -> 19.0 (16 blocks
 /// ahead 15.8 / 19.9, 64 blocks 16.5 / 20.9).
-const PF_DIST: usize = 32 * super::Q6K_BYTES;
+const PREFETCH_BYTES: usize = 32 * super::Q6K_BYTES;
 
 pub(super) mod avx512 {
     use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
@@ -137,7 +137,7 @@ pub(super) mod avx512 {
 
 pub(super) mod avx2 {
     use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
-    use super::PF_DIST;
+    use super::PREFETCH_BYTES;
     use std::arch::x86_64::*;
 
     /// Eight weight rows against the Q8_K blocks of `A` activation rows `qs`, with
@@ -169,7 +169,7 @@ pub(super) mod avx2 {
         // Row by row, as the 512-bit kernel. No burst of prefetches for the next rows (it
         // stalled the loads of these; the 1.5B's output matrix for one row took 5.0 ms with
         // it, 4.0 without); eight decode rows ask for a block's lines a block ahead
-        // (`PF_DIST`), where the work per block leaves the stream room.
+        // (`PREFETCH_BYTES`), where the work per block leaves the stream room.
         for r in 0..ROWS {
             for b in 0..kb {
                 let ys: [*const u8; A] = std::array::from_fn(|a| qs[a].as_ptr().add(b * Q8K_BYTES));
@@ -177,7 +177,7 @@ pub(super) mod avx2 {
                 let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
                 let mut sumi = [_mm256_setzero_si256(); A];
                 if A == 8 && !TILED {
-                    let ahead = blk.wrapping_add(PF_DIST);
+                    let ahead = blk.wrapping_add(PREFETCH_BYTES);
                     for line in 0..4 {
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
                     }
