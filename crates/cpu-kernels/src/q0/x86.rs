@@ -221,18 +221,32 @@ macro_rules! x86_kernels {
                 if format == Format::Q5_0 {
                     return q5_0_blocks(w.as_ptr(), rows, count, lines, scales, dots);
                 }
+                // `products[c * TILE + i]`: block `first + c`'s `d_w * d_x` for activation
+                // row i, eight to a multiply, made for a chunk of blocks before its dot
+                // products read them back as broadcasts.
+                let mut products = [0f32; CHUNK_BLOCKS * TILE];
                 for (wi, dots) in dots.iter_mut().enumerate().take(count) {
                     let mut acc = [_mm256_setzero_ps(); TILE];
-                    for b in 0..kb {
-                        let [scale, qh, qs] = block_at(w.as_ptr(), rows, wi, b);
-                        let wv = weights(format, qh, qs);
-                        let dw = f16_to_f32(scale);
-                        let line = lines.as_ptr().add(b * TILE) as *const u8;
-                        for (i, acc) in acc.iter_mut().enumerate() {
-                            let y = line.add(i * 64);
-                            let d = _mm256_set1_ps(dw * *scales.get_unchecked(b * TILE + i));
-                            let l = lanes(format, wv, y, y.add(32) as *const i32);
-                            *acc = _mm256_fmadd_ps(d, l, *acc);
+                    for first in (0..kb).step_by(CHUNK_BLOCKS) {
+                        let blocks = first..kb.min(first + CHUNK_BLOCKS);
+                        for b in blocks.clone() {
+                            let [scale, _, _] = block_at(w.as_ptr(), rows, wi, b);
+                            let dx = _mm256_loadu_ps(scales.as_ptr().add(b * TILE));
+                            let d = _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(scale)), dx);
+                            let at = products.as_mut_ptr().add((b - first) * TILE);
+                            _mm256_storeu_ps(at, d);
+                        }
+                        for b in blocks {
+                            let [_, qh, qs] = block_at(w.as_ptr(), rows, wi, b);
+                            let wv = weights(format, qh, qs);
+                            let line = lines.as_ptr().add(b * TILE) as *const u8;
+                            let at = products.as_ptr().add((b - first) * TILE);
+                            for (i, acc) in acc.iter_mut().enumerate() {
+                                let y = line.add(i * 64);
+                                let d = _mm256_broadcast_ss(&*at.add(i));
+                                let l = lanes(format, wv, y, y.add(32) as *const i32);
+                                *acc = _mm256_fmadd_ps(d, l, *acc);
+                            }
                         }
                     }
                     for (d, acc) in dots.iter_mut().zip(acc) {
@@ -240,6 +254,12 @@ macro_rules! x86_kernels {
                     }
                 }
             }
+
+            /// Blocks whose scale products a Q8_0 row makes at a time in `dot_acts` (1 KiB:
+            /// the first is read back long after it was stored; a product stored and at
+            /// once reloaded as a broadcast waited on the store, and one formed by a scalar
+            /// multiply and a register broadcast cost two vector-pipe operations a step).
+            const CHUNK_BLOCKS: usize = 32;
 
             /// `dot_acts` for a Q5_0 group, blocks outer: per block the eight rows' weights
             /// are unpacked into registers, the 64 scale products `d_w * d_x` made eight to

@@ -231,7 +231,7 @@ mod lanes {
         for v in row.chunks_exact_mut(8) {
             // SAFETY: eight values per chunk; features enabled for the build.
             unsafe {
-                let val = v_expf(_mm256_sub_ps(
+                let val = crate::ggml_ops::lanes::v_expf(_mm256_sub_ps(
                     _mm256_loadu_ps(v.as_ptr()),
                     _mm256_set1_ps(max),
                 ));
@@ -243,55 +243,6 @@ mod lanes {
             }
         }
         Some(sum)
-    }
-
-    /// ggml's AVX2 `ggml_v_expf`: the lanes of `crate::ggml_ops::v_expf`.
-    #[inline(always)]
-    pub unsafe fn v_expf(x: __m256) -> __m256 {
-        let set = _mm256_set1_ps;
-        let bits = |b: u32| _mm256_set1_ps(f32::from_bits(b));
-        let r = bits(0x4b40_0000);
-        let z = _mm256_fmadd_ps(x, bits(0x3fb8_aa3b), r);
-        let n = _mm256_sub_ps(z, r);
-        let b = _mm256_fnmadd_ps(
-            n,
-            bits(0x35bf_be8e),
-            _mm256_fnmadd_ps(n, bits(0x3f31_7200), x),
-        );
-        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
-        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(set(1.0))));
-        let abs_n = _mm256_andnot_ps(set(-0.0), n);
-        let c = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, set(126.0));
-        let u = _mm256_mul_ps(b, b);
-        let j = _mm256_fmadd_ps(
-            _mm256_fmadd_ps(
-                _mm256_fmadd_ps(bits(0x3c07_2010), b, bits(0x3d2b_9f17)),
-                u,
-                _mm256_fmadd_ps(bits(0x3e2a_af33), b, bits(0x3eff_fedb)),
-            ),
-            u,
-            _mm256_mul_ps(bits(0x3f7f_fff6), b),
-        );
-        if _mm256_movemask_ps(c) == 0 {
-            return _mm256_fmadd_ps(j, k, k);
-        }
-        let g = _mm256_and_si256(
-            _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
-            _mm256_set1_epi32(0x8200_0000u32 as i32),
-        );
-        let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
-        let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
-        let d = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, set(192.0));
-        _mm256_or_ps(
-            _mm256_and_ps(d, _mm256_mul_ps(s1, s1)),
-            _mm256_andnot_ps(
-                d,
-                _mm256_or_ps(
-                    _mm256_and_ps(c, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
-                    _mm256_andnot_ps(c, _mm256_fmadd_ps(k, j, k)),
-                ),
-            ),
-        )
     }
 }
 
