@@ -7,7 +7,9 @@ and 64 after 1024), our batch-8 decode total tok/s, and each process's peak resi
 (ru_maxrss of the child, so the same measure for every engine). Columns:
   tokenrouter          `tokenrouter bench-model --json` (kernels from TOKENROUTER_CPU_* if set);
   llama.cpp native     `llama-bench` built from the llama-cpp-python sdist (scripts/build_llamacpp.sh),
-                       `-t T -p 512 -n 0`, `-d 64 -n 128`, `-d 1024 -n 64`;
+                       `-t T -p 512 -n 0`, `-d 64 -n 128`, `-d 1024 -n 64`; its batch-8 column from
+                       `llama-batched-bench` beside it when built (8 sequences of 64 prompt tokens,
+                       128 steps each, as ours: `-npp 64 -ntg 128 -npl 8`, the steps' total tok/s);
   llama.cpp wheel      xllamacpp through scripts/bench_llamacpp.py (prefill and decode at 64), if installed.
 Prints the CPU's model and SIMD flags, then a Markdown table; --json-out keeps every run.
 
@@ -73,6 +75,15 @@ def llama_bench(binary: str, model: str, threads: int) -> dict:
     for key, args in runs.items():
         text, r = run_measured([binary, "-m", model, "-t", str(threads), "-r", "1", "-o", "json", *args])
         row[key] = json.loads(text)[0]["avg_ts"]
+        rss = max(rss, r)
+    # Eight sequences stepping together, as `bench-model --batch 8` (64 prompt tokens, then
+    # 128 steps): llama-batched-bench's generation speed (all sequences' tokens / time).
+    batched = os.path.join(os.path.dirname(binary), "llama-batched-bench")
+    if os.path.exists(batched):
+        text, r = run_measured([batched, "-m", model, "-t", str(threads), "-c", "2048", "-b", "2048",
+                                "-ub", "512", "-npp", "64", "-ntg", "128", "-npl", "8",
+                                "--output-format", "jsonl"])
+        row["batch8"] = json.loads(text.strip().splitlines()[-1])["speed_tg"]
         rss = max(rss, r)
     row["rss"] = rss
     return row
@@ -154,7 +165,8 @@ def main() -> None:
         if ref:
             o, l = meds["tokenrouter"], meds[ref]
             print(f"| | ours / {ref} | {ratio(o['prefill'], l['prefill'])} | {ratio(o['decode64'], l['decode64'])} | "
-                  f"{ratio(o['decode1k'], l['decode1k'])} | | {ratio(o['rss'], l['rss'])} |")
+                  f"{ratio(o['decode1k'], l['decode1k'])} | {ratio(o['batch8'], l.get('batch8'))} | "
+                  f"{ratio(o['rss'], l['rss'])} |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-bench` from the llama-cpp-python 0.3.36 sdist (PyPI, sha256-pinned),
-# the reference scripts/bench_cpu.sh compares against (../shared/reference/CPU-PERF.md).
+# Build llama.cpp's `llama-bench` and `llama-batched-bench` from the llama-cpp-python 0.3.36 sdist
+# (PyPI, sha256-pinned), the reference scripts/bench_cpu.sh compares against
+# (../shared/reference/CPU-PERF.md).
 # Usage: scripts/build_llamacpp.sh [native|avx2]   -> prints the llama-bench path
 #   native: GGML_NATIVE=ON (every SIMD extension this CPU has) but AMX: on the Sapphire Rapids
 #           VMs we measured on, its AMX matmul traps (SIGILL at `tileloadd`) in llama-bench;
@@ -21,7 +22,8 @@ version=0.3.36
 sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 cache=${TOKENROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tokenrouter}/llama.cpp
 bin=$cache/build-$variant/bin/llama-bench
-if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
+# llama-batched-bench (eight sequences decoding together) beside it: bench_cpu.py's batch-8 column.
+if [ -x "$bin" ] && [ -x "${bin%/*}/llama-batched-bench" ]; then echo "$bin"; exit 0; fi
 mkdir -p "$cache"
 sdist=$cache/llama_cpp_python-$version.tar.gz
 if ! echo "$sha256  $sdist" | sha256sum -c --quiet >/dev/null 2>&1; then
@@ -40,8 +42,8 @@ if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
   python3 -m venv "$cache/tools" >&2 && "$cache/tools/bin/pip" install -q cmake ninja >&2
   export PATH=$cache/tools/bin:$PATH
 fi
-echo "building llama-bench ($variant) in $cache/build-$variant" >&2
+echo "building llama-bench, llama-batched-bench ($variant) in $cache/build-$variant" >&2
 cmake -S "$src" -B "$cache/build-$variant" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
   "${flags[@]}" >&2
-cmake --build "$cache/build-$variant" -j"$(nproc)" --target llama-bench >&2
+cmake --build "$cache/build-$variant" -j"$(nproc)" --target llama-bench llama-batched-bench >&2
 echo "$bin"
