@@ -202,6 +202,21 @@ impl<T> SharedMut<T> {
     }
 }
 
+/// A matmul's `len` outputs, written by `fill` through the pointer it gets (its work items
+/// write disjoint elements from the pool's threads), in memory that is not zeroed first: a
+/// decode batch's outputs (the 0.5B's logits are 8 x 151936) were zeroed on the calling
+/// thread while the other core waited, then written again.
+///
+/// # Safety
+/// `fill` must write every one of the `len` values before it returns.
+unsafe fn filled_output(len: usize, fill: impl FnOnce(SharedMut<f32>)) -> Vec<f32> {
+    let mut out = Vec::<f32>::with_capacity(len);
+    fill(SharedMut(out.as_mut_ptr()));
+    // SAFETY: the capacity is `len` and the caller's `fill` wrote all `len` values.
+    unsafe { out.set_len(len) };
+    out
+}
+
 /// Run `f` over `0..n` in chunks, on candle's barrier pool when `cost` (in 32-value block
 /// products) is worth the hand-off.
 fn par_chunks(n: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {

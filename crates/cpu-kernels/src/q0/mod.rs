@@ -291,9 +291,7 @@ impl CustomOp1 for Q0Matmul {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (x, shape) = super::matmul_io("q5_0 matmul", storage, layout, self.k, self.n)?;
         let data = self.w.bytes()?;
-        let m = x.len() / self.k;
-        let mut out = vec![0f32; m * self.n];
-        matmul(self.kernel, self.format, &data, self.n, self.k, x, &mut out)?;
+        let out = matmul(self.kernel, self.format, &data, self.n, self.k, x)?;
         Ok((CpuStorage::F32(out), shape))
     }
 }
@@ -340,7 +338,7 @@ fn tiles(m: usize) -> Vec<Tile> {
         .collect()
 }
 
-/// `out[m, n] = x[m, k] @ w^T` for a weight of `n` rows of `k / 32` blocks stored as
+/// `x[m, k] @ w^T` (`[m, n]`) for a weight of `n` rows of `k / 32` blocks stored as
 /// [`layout`] says (Q8_0: GGUF rows; Q5_0: grouped).
 fn matmul(
     kernel: Kernel,
@@ -349,61 +347,73 @@ fn matmul(
     n: usize,
     k: usize,
     x: &[f32],
-    out: &mut [f32],
-) -> candle_core::Result<()> {
+) -> candle_core::Result<Vec<f32>> {
     if k == 0 || !k.is_multiple_of(QK) {
         candle_core::bail!("q5_0 matmul: k = {k} is not a positive multiple of {QK}");
     }
     let kb = k / QK;
     let m = x.len() / k;
-    if w.len() != layout::stored_len(format, n, kb) || x.len() != m * k || out.len() != m * n {
+    if w.len() != layout::stored_len(format, n, kb) || x.len() != m * k {
         candle_core::bail!(
-            "q5_0 matmul: sizes do not match: w {} bytes for [{n}, {k}], x {}, out {}",
+            "q5_0 matmul: sizes do not match: w {} bytes for [{n}, {k}], x {}",
             w.len(),
             x.len(),
-            out.len()
         );
     }
     if !kernel.available() {
         candle_core::bail!("q5_0 matmul: this CPU cannot run the {kernel:?} kernel");
     }
     if m == 0 || n == 0 {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let lhs = QuantizedLhs::new(x, m, k, kernel);
     let tiles = tiles(m);
     let nt = tiles.len();
     let groups = n.div_ceil(TILE);
-    let out_ptr = SharedMut(out.as_mut_ptr());
     // Weight groups in bands that stay in L2 (`q0 speed`, 512 rows, best of three alternating
     // runs: [4864x896] AVX2 35.2 -> 32.2 ms, AVX-512 26.7 -> 24.6; [896x4864] 37.5 -> 34.7).
     let bands = Bands::new(groups, nt, TILE * kb * format.block_bytes());
-    par_chunks(groups * nt, m * n * kb, |items| {
-        for item in items {
-            let (g, tile) = bands.at(item);
-            let tile = tiles[tile];
-            let wrows = g * TILE..n.min((g + 1) * TILE);
-            let rows = Rows::group(format, n, kb, g);
-            // SAFETY (writes below): element (row, wr) belongs to this item alone (items
-            // partition the (weight group, tile) grid) and `out` outlives the pool call.
-            if tile.rows == 1 {
-                let dots = dot_weights(kernel, format, w, &rows, &lhs, tile.start);
-                for (wr, d) in wrows.zip(dots) {
-                    unsafe { *out_ptr.get().add(tile.start * n + wr) = d };
-                }
-            } else {
-                let mut dots = [[0f32; TILE]; TILE];
-                let count = wrows.len();
-                dot_acts(kernel, format, (w, &rows, count), &lhs, tile, &mut dots);
-                for (wr, dots) in wrows.zip(&dots) {
-                    for (i, d) in dots.iter().take(tile.rows).enumerate() {
-                        unsafe { *out_ptr.get().add((tile.start + i) * n + wr) = *d };
+    let fill = |out_ptr: SharedMut<f32>| {
+        par_chunks(groups * nt, m * n * kb, |items| {
+            for item in items {
+                let (g, tile) = bands.at(item);
+                let tile = tiles[tile];
+                let wrows = g * TILE..n.min((g + 1) * TILE);
+                let rows = Rows::group(format, n, kb, g);
+                // SAFETY (writes below): element (row, wr) belongs to this item alone (items
+                // partition the (weight group, tile) grid) and `out` outlives the pool call.
+                if tile.rows == 1 {
+                    let dots = dot_weights(kernel, format, w, &rows, &lhs, tile.start);
+                    for (wr, d) in wrows.zip(dots) {
+                        unsafe { *out_ptr.get().add(tile.start * n + wr) = d };
+                    }
+                } else {
+                    let mut dots = [[0f32; TILE]; TILE];
+                    let count = wrows.len();
+                    dot_acts(kernel, format, (w, &rows, count), &lhs, tile, &mut dots);
+                    for (i, row) in dots.iter().take(tile.rows).enumerate() {
+                        let at = (tile.start + i) * n + wrows.start;
+                        // A whole group's eight outputs of a row in one 32-byte store: written
+                        // one value at a time, the 64 stores of an item filled the store buffer
+                        // while they waited on an output too large for the cache (the 0.5B's
+                        // logits, 8 x 151936).
+                        if count == TILE {
+                            unsafe {
+                                std::ptr::write_unaligned(out_ptr.get().add(at).cast(), *row)
+                            };
+                        } else {
+                            for (wi, d) in row.iter().take(count).enumerate() {
+                                unsafe { *out_ptr.get().add(at + wi) = *d };
+                            }
+                        }
                     }
                 }
             }
-        }
-    });
-    Ok(())
+        })
+    };
+    // SAFETY: the items partition the (weight group, tile) grid, and each writes its tile's
+    // rows' outputs for all its group's weight rows: every element.
+    Ok(unsafe { super::filled_output(m * n, fill) })
 }
 
 /// The first `count` of a group's weight rows: the stored weight, where the rows are.
@@ -417,8 +427,8 @@ type ActsKernel = unsafe fn(Format, WeightRows, &[[u8; 64]], &[f32], &mut [[f32;
 #[cfg(target_arch = "x86_64")]
 type WeightsKernel = unsafe fn(Format, &[u8], &Rows, &[u8], &[i32], &[f32]) -> [f32; TILE];
 
-/// Weight rows `ws` (at most eight) against the (padded) eight rows of a tile: `dots[i]`
-/// are weight row i's products.
+/// Weight rows `ws` (at most eight) against the (padded) eight rows of a tile: `dots[i][wi]`
+/// is activation row i's product with weight row wi.
 fn dot_acts(
     kernel: Kernel,
     format: Format,
@@ -447,9 +457,9 @@ fn dot_acts(
     match kernel {
         Kernel::Scalar => {
             let (w, rows, count) = ws;
-            for (wi, dots) in dots.iter_mut().enumerate().take(count) {
-                for (i, d) in dots.iter_mut().enumerate() {
-                    let r = row(i);
+            for (i, dots) in dots.iter_mut().enumerate() {
+                let r = row(i);
+                for (wi, d) in dots.iter_mut().enumerate().take(count) {
                     *d = dot_scalar(format, (w, rows, wi), lhs.row(r), lhs.row_scales(r));
                 }
             }

@@ -65,8 +65,8 @@ unsafe fn hsum8(v: __m256) -> f32 {
 
 /// The first `count` weight rows of a group against a tile of eight activation rows given as
 /// [`super::RowPairs`] (`ybias`: per block and row pair the two rows' values plus 128 as
-/// u8, `dpair`: their scales, each eight times). `dots[i]` gets weight row i's eight
-/// products, the same lanes, steps and sums as `dot_acts`: 512-bit integer dot products
+/// u8, `dpair`: their scales, each eight times). `dots[i][wi]` gets activation row i's
+/// product with weight row wi, the same lanes, steps and sums as `dot_acts`: 512-bit integer dot products
 /// compute two activation rows at once, `(y + 128) . x` starting from `-128 * sum(x)`.
 ///
 /// Blocks outer, four weight rows at a time (16 accumulators): a block's activations are
@@ -120,11 +120,11 @@ pub(super) unsafe fn dot_acts_pairs(
                 }
             }
         }
-        for (dots, acc) in dots[first..].iter_mut().zip(&acc).take(count - first) {
+        for (j, acc) in acc.iter().enumerate().take(count - first) {
             for (p, acc) in acc.iter().enumerate() {
                 let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*acc)));
-                dots[2 * p] = hsum8(_mm512_castps512_ps256(*acc));
-                dots[2 * p + 1] = hsum8(hi);
+                dots[2 * p][first + j] = hsum8(_mm512_castps512_ps256(*acc));
+                dots[2 * p + 1][first + j] = hsum8(hi);
             }
         }
     }
@@ -195,8 +195,8 @@ macro_rules! x86_kernels {
 
             /// The first `count` weight rows of a group against a tile of eight
             /// activation rows (`lines`, see `QuantizedLhs::lines`: their values and lane
-            /// sums per block and row; `scales` their block scales, `[kb, 8]`). `dots[i]`
-            /// gets weight row i's eight products.
+            /// sums per block and row; `scales` their block scales, `[kb, 8]`).
+            /// `dots[i][wi]` gets activation row i's product with weight row wi.
             ///
             /// Q5_0 goes blocks outer (see `q5_0_blocks`); Q8_0 row by row, each row read
             /// front to back: its rows lie in the file apart, and blocks outer read eight of
@@ -225,7 +225,7 @@ macro_rules! x86_kernels {
                 // row i, eight to a multiply, made for a chunk of blocks before its dot
                 // products read them back as broadcasts.
                 let mut products = [0f32; CHUNK_BLOCKS * TILE];
-                for (wi, dots) in dots.iter_mut().enumerate().take(count) {
+                for wi in 0..count {
                     let mut acc = [_mm256_setzero_ps(); TILE];
                     for first in (0..kb).step_by(CHUNK_BLOCKS) {
                         let blocks = first..kb.min(first + CHUNK_BLOCKS);
@@ -249,8 +249,8 @@ macro_rules! x86_kernels {
                             }
                         }
                     }
-                    for (d, acc) in dots.iter_mut().zip(acc) {
-                        *d = hsum(acc);
+                    for (dots, acc) in dots.iter_mut().zip(acc) {
+                        dots[wi] = hsum(acc);
                     }
                 }
             }
@@ -311,9 +311,9 @@ macro_rules! x86_kernels {
                         }
                     }
                 }
-                for (wi, dots) in dots.iter_mut().enumerate().take(count) {
-                    for (i, d) in dots.iter_mut().enumerate() {
-                        *d = hsum(acc[i][wi]);
+                for (dots, acc) in dots.iter_mut().zip(&acc) {
+                    for (d, acc) in dots.iter_mut().zip(acc).take(count) {
+                        *d = hsum(*acc);
                     }
                 }
             }

@@ -216,9 +216,7 @@ impl CustomOp1 for Call<'_> {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let mm = self.mm;
         let (x, shape) = super::matmul_io("q4_k matmul", storage, layout, mm.k, mm.n)?;
-        let m = x.len() / mm.k;
-        let mut out = vec![0f32; m * mm.n];
-        matmul(mm.kernel, &mm.tiles, mm.n, mm.k, x, &mut out, &self.in_gemm)?;
+        let out = matmul(mm.kernel, &mm.tiles, mm.n, mm.k, x, &self.in_gemm)?;
         Ok((CpuStorage::F32(out), shape))
     }
 }
@@ -297,33 +295,27 @@ fn matmul(
     n: usize,
     k: usize,
     x: &[f32],
-    out: &mut [f32],
     in_gemm: &[bool],
-) -> candle_core::Result<()> {
+) -> candle_core::Result<Vec<f32>> {
     if k == 0 || !k.is_multiple_of(QK_K) || !n.is_multiple_of(TILE_N) {
         candle_core::bail!("q4_k matmul: [{n}, {k}] is not made of 16 x 256 tiles");
     }
     let kb = k / QK_K;
     let m = x.len() / k;
-    if tiles.len() != n / TILE_N * kb
-        || x.len() != m * k
-        || out.len() != m * n
-        || in_gemm.len() != m
-    {
+    if tiles.len() != n / TILE_N * kb || x.len() != m * k || in_gemm.len() != m {
         candle_core::bail!("q4_k matmul: sizes do not match for [{n}, {k}]");
     }
     if !kernel.available() {
         candle_core::bail!("q4_k matmul: this CPU cannot run the {kernel:?} kernel");
     }
     if m == 0 || n == 0 {
-        return Ok(());
+        return Ok(Vec::new());
     }
     // Activations as llama.cpp quantizes them, row by row.
     let lhs = super::act_quant::quantize_rows_q8k(x, k);
     let lhs = as_bytes(&lhs);
     let row_bytes = kb * Q8K_BYTES;
     let m_units = m.div_ceil(MT);
-    let out_ptr = SharedMut(out.as_mut_ptr());
     // Tile rows in bands that stay in L2 (`q4_k speed`, 512 rows, best of four alternating
     // runs: [8960x1536] AVX2 46.8 -> 40.4 ms, AVX-512 32.2 -> 29.4; [1536x8960] 43.3 -> 42.3).
     // A batch of a few decode rows takes each tile row through all its activation groups at
@@ -335,31 +327,35 @@ fn matmul(
         kb * TILE_BYTES
     };
     let blocks = Bands::new(n / TILE_N, m_units, band_bytes);
-    par_chunks(n / TILE_N * m_units, m * n * kb * 8, |units| {
-        for unit in units {
-            let (nt, group) = blocks.at(unit);
-            let m0 = group * MT;
-            let mt = (m - m0).min(MT);
-            let acts: [&[u8]; MT] = std::array::from_fn(|i| {
-                let r = m0 + i.min(mt - 1);
-                &lhs[r * row_bytes..(r + 1) * row_bytes]
-            });
-            let gemm = &in_gemm[m0..m0 + mt];
-            let res = dot_tiles(kernel, &tiles[nt * kb..(nt + 1) * kb], &acts[..mt], gemm);
-            for (i, row) in res.iter().take(mt).enumerate() {
-                // SAFETY: the unit alone writes rows m0..m0+mt of columns nt*16..nt*16+16,
-                // and `out` outlives the call.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        row.as_ptr(),
-                        out_ptr.get().add((m0 + i) * n + nt * TILE_N),
-                        TILE_N,
-                    )
-                };
+    let fill = |out_ptr: SharedMut<f32>| {
+        par_chunks(n / TILE_N * m_units, m * n * kb * 8, |units| {
+            for unit in units {
+                let (nt, group) = blocks.at(unit);
+                let m0 = group * MT;
+                let mt = (m - m0).min(MT);
+                let acts: [&[u8]; MT] = std::array::from_fn(|i| {
+                    let r = m0 + i.min(mt - 1);
+                    &lhs[r * row_bytes..(r + 1) * row_bytes]
+                });
+                let gemm = &in_gemm[m0..m0 + mt];
+                let res = dot_tiles(kernel, &tiles[nt * kb..(nt + 1) * kb], &acts[..mt], gemm);
+                for (i, row) in res.iter().take(mt).enumerate() {
+                    // SAFETY: the unit alone writes rows m0..m0+mt of columns nt*16..nt*16+16,
+                    // and `out` outlives the call.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            row.as_ptr(),
+                            out_ptr.get().add((m0 + i) * n + nt * TILE_N),
+                            TILE_N,
+                        )
+                    };
+                }
             }
-        }
-    });
-    Ok(())
+        })
+    };
+    // SAFETY: the units partition the (tile row, activation group) grid and each writes
+    // its rows' 16 columns: every element of the [m, n] output (n is whole tiles).
+    Ok(unsafe { super::filled_output(m * n, fill) })
 }
 
 /// One row of tiles (16 weight rows, all of k) against up to [`MT`] activation rows.

@@ -73,8 +73,7 @@ fn unpacked_tiles_equal_the_row_kernels() {
     let data = weight_bytes(&w);
     let m = 37;
     let x = values(m * k, 7);
-    let mut want = vec![0f32; m * n];
-    matvec(Kernel::Scalar, &data, n, k, &x, &mut want, &[true; 37]).unwrap();
+    let want = matvec(Kernel::Scalar, &data, n, k, &x, &[true; 37]).unwrap();
     let kb = k / QK_K;
     let lhs = crate::act_quant::quantize_rows_q8k(&x, k);
     let rows: Vec<usize> = (0..m).collect();
@@ -112,10 +111,9 @@ fn batches_of_eight_rows_round_like_llamacpp_tiles() {
     assert!(alone == flat(q.forward(&xt, None).unwrap()));
     for kernel in kernels() {
         for (r, want) in batch.chunks(n).enumerate() {
-            let (mut tiled, mut one) = (vec![0f32; n], vec![0f32; n]);
             let xr = &x[r * k..(r + 1) * k];
-            matvec(kernel, &data, n, k, xr, &mut tiled, &[true]).unwrap();
-            matvec(kernel, &data, n, k, xr, &mut one, &[false]).unwrap();
+            let tiled = matvec(kernel, &data, n, k, xr, &[true]).unwrap();
+            let one = matvec(kernel, &data, n, k, xr, &[false]).unwrap();
             assert!(tiled == want, "{kernel:?} row {r}");
             assert!(one == alone[r * n..(r + 1) * n], "{kernel:?} row {r}");
             assert!(rel_diff(&one, &tiled) <= 1e-5);
