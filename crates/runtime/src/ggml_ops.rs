@@ -3,7 +3,8 @@
 //! (they flip activation quantisation steps downstream), and llama.cpp is the reference our
 //! CPU numerics are checked against, so the CPU path does these ops the way it does: the
 //! RMSNorm sum of squares in f64 and a multiply by the reciprocal root, SiLU through ggml's
-//! vectorised `expf` approximation (`ggml_v_expf`, lane by lane here).
+//! vectorised `expf` approximation (`ggml_v_expf`: eight lanes at a time on the x86-64-v3
+//! build, `lanes`, one at a time otherwise and for a tail).
 
 /// `x * (1 / sqrt(mean(x^2) + eps)) * w` per row of `x` (`[rows, n]` flattened), as
 /// ggml's `rms_norm` (+ `mul`): squares summed in f64, the mean rounded to f32.
