@@ -202,19 +202,36 @@ impl<T> SharedMut<T> {
     }
 }
 
-/// A matmul's `len` outputs, written by `fill` through the pointer it gets (its work items
-/// write disjoint elements from the pool's threads), in memory that is not zeroed first: a
-/// decode batch's outputs (the 0.5B's logits are 8 x 151936) were zeroed on the calling
-/// thread while the other core waited, then written again.
-///
-/// # Safety
-/// `fill` must write every one of the `len` values before it returns.
-unsafe fn filled_output(len: usize, fill: impl FnOnce(SharedMut<f32>)) -> Vec<f32> {
-    let mut out = Vec::<f32>::with_capacity(len);
-    fill(SharedMut(out.as_mut_ptr()));
-    // SAFETY: the capacity is `len` and the caller's `fill` wrote all `len` values.
-    unsafe { out.set_len(len) };
-    out
+/// A matmul's outputs in memory that is not zeroed first, written through [`Unfilled::ptr`]
+/// (its work items write disjoint elements from the pool's threads): a decode batch's
+/// outputs (the 0.5B's logits are 8 x 151936) were zeroed on the calling thread while the
+/// other core waited, then written again.
+struct Unfilled {
+    values: Vec<f32>,
+    len: usize,
+}
+
+impl Unfilled {
+    fn new(len: usize) -> Self {
+        Self {
+            values: Vec::with_capacity(len),
+            len,
+        }
+    }
+
+    fn ptr(&mut self) -> SharedMut<f32> {
+        SharedMut(self.values.as_mut_ptr())
+    }
+
+    /// The outputs.
+    ///
+    /// # Safety
+    /// Every one of the `len` values must have been written through [`Unfilled::ptr`].
+    unsafe fn filled(mut self) -> Vec<f32> {
+        // SAFETY: the capacity is at least `len`, and the caller wrote all `len` values.
+        unsafe { self.values.set_len(self.len) };
+        self.values
+    }
 }
 
 /// Run `f` over `0..n` in chunks, on candle's barrier pool when `cost` (in 32-value block

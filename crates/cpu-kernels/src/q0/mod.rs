@@ -28,7 +28,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
-use super::{par_chunks, Bands, SharedMut};
+use super::{par_chunks, Bands, Unfilled};
 use crate::CpuKernel;
 use layout::Rows;
 use lhs::QuantizedLhs;
@@ -373,47 +373,45 @@ fn matmul(
     // Weight groups in bands that stay in L2 (`q0 speed`, 512 rows, best of three alternating
     // runs: [4864x896] AVX2 35.2 -> 32.2 ms, AVX-512 26.7 -> 24.6; [896x4864] 37.5 -> 34.7).
     let bands = Bands::new(groups, nt, TILE * kb * format.block_bytes());
-    let fill = |out_ptr: SharedMut<f32>| {
-        par_chunks(groups * nt, m * n * kb, |items| {
-            for item in items {
-                let (g, tile) = bands.at(item);
-                let tile = tiles[tile];
-                let wrows = g * TILE..n.min((g + 1) * TILE);
-                let rows = Rows::group(format, n, kb, g);
-                // SAFETY (writes below): element (row, wr) belongs to this item alone (items
-                // partition the (weight group, tile) grid) and `out` outlives the pool call.
-                if tile.rows == 1 {
-                    let dots = dot_weights(kernel, format, w, &rows, &lhs, tile.start);
-                    for (wr, d) in wrows.zip(dots) {
-                        unsafe { *out_ptr.get().add(tile.start * n + wr) = d };
-                    }
-                } else {
-                    let mut dots = [[0f32; TILE]; TILE];
-                    let count = wrows.len();
-                    dot_acts(kernel, format, (w, &rows, count), &lhs, tile, &mut dots);
-                    for (i, row) in dots.iter().take(tile.rows).enumerate() {
-                        let at = (tile.start + i) * n + wrows.start;
-                        // A whole group's eight outputs of a row in one 32-byte store: written
-                        // one value at a time, the 64 stores of an item filled the store buffer
-                        // while they waited on an output too large for the cache (the 0.5B's
-                        // logits, 8 x 151936).
-                        if count == TILE {
-                            unsafe {
-                                std::ptr::write_unaligned(out_ptr.get().add(at).cast(), *row)
-                            };
-                        } else {
-                            for (wi, d) in row.iter().take(count).enumerate() {
-                                unsafe { *out_ptr.get().add(at + wi) = *d };
-                            }
+    let mut out = Unfilled::new(m * n);
+    let out_ptr = out.ptr();
+    par_chunks(groups * nt, m * n * kb, |items| {
+        for item in items {
+            let (g, tile) = bands.at(item);
+            let tile = tiles[tile];
+            let wrows = g * TILE..n.min((g + 1) * TILE);
+            let rows = Rows::group(format, n, kb, g);
+            // SAFETY (writes below): element (row, wr) belongs to this item alone (items
+            // partition the (weight group, tile) grid) and `out` outlives the pool call.
+            if tile.rows == 1 {
+                let dots = dot_weights(kernel, format, w, &rows, &lhs, tile.start);
+                for (wr, d) in wrows.zip(dots) {
+                    unsafe { *out_ptr.get().add(tile.start * n + wr) = d };
+                }
+            } else {
+                let mut dots = [[0f32; TILE]; TILE];
+                let count = wrows.len();
+                dot_acts(kernel, format, (w, &rows, count), &lhs, tile, &mut dots);
+                for (i, row) in dots.iter().take(tile.rows).enumerate() {
+                    let at = (tile.start + i) * n + wrows.start;
+                    // A whole group's eight outputs of a row in one 32-byte store: written
+                    // one value at a time, the 64 stores of an item filled the store buffer
+                    // while they waited on an output too large for the cache (the 0.5B's
+                    // logits, 8 x 151936).
+                    if count == TILE {
+                        unsafe { std::ptr::write_unaligned(out_ptr.get().add(at).cast(), *row) };
+                    } else {
+                        for (wi, d) in row.iter().take(count).enumerate() {
+                            unsafe { *out_ptr.get().add(at + wi) = *d };
                         }
                     }
                 }
             }
-        })
-    };
+        }
+    });
     // SAFETY: the items partition the (weight group, tile) grid, and each writes its tile's
     // rows' outputs for all its group's weight rows: every element.
-    Ok(unsafe { super::filled_output(m * n, fill) })
+    Ok(unsafe { out.filled() })
 }
 
 /// The first `count` of a group's weight rows: the stored weight, where the rows are.

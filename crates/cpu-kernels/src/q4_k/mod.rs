@@ -20,7 +20,7 @@ use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
-use super::{par_chunks, Bands, SharedMut};
+use super::{par_chunks, Bands, SharedMut, Unfilled};
 use crate::CpuKernel;
 
 /// Values per super-block.
@@ -327,35 +327,35 @@ fn matmul(
         kb * TILE_BYTES
     };
     let blocks = Bands::new(n / TILE_N, m_units, band_bytes);
-    let fill = |out_ptr: SharedMut<f32>| {
-        par_chunks(n / TILE_N * m_units, m * n * kb * 8, |units| {
-            for unit in units {
-                let (nt, group) = blocks.at(unit);
-                let m0 = group * MT;
-                let mt = (m - m0).min(MT);
-                let acts: [&[u8]; MT] = std::array::from_fn(|i| {
-                    let r = m0 + i.min(mt - 1);
-                    &lhs[r * row_bytes..(r + 1) * row_bytes]
-                });
-                let gemm = &in_gemm[m0..m0 + mt];
-                let res = dot_tiles(kernel, &tiles[nt * kb..(nt + 1) * kb], &acts[..mt], gemm);
-                for (i, row) in res.iter().take(mt).enumerate() {
-                    // SAFETY: the unit alone writes rows m0..m0+mt of columns nt*16..nt*16+16,
-                    // and `out` outlives the call.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            row.as_ptr(),
-                            out_ptr.get().add((m0 + i) * n + nt * TILE_N),
-                            TILE_N,
-                        )
-                    };
-                }
+    let mut out = Unfilled::new(m * n);
+    let out_ptr = out.ptr();
+    par_chunks(n / TILE_N * m_units, m * n * kb * 8, |units| {
+        for unit in units {
+            let (nt, group) = blocks.at(unit);
+            let m0 = group * MT;
+            let mt = (m - m0).min(MT);
+            let acts: [&[u8]; MT] = std::array::from_fn(|i| {
+                let r = m0 + i.min(mt - 1);
+                &lhs[r * row_bytes..(r + 1) * row_bytes]
+            });
+            let gemm = &in_gemm[m0..m0 + mt];
+            let res = dot_tiles(kernel, &tiles[nt * kb..(nt + 1) * kb], &acts[..mt], gemm);
+            for (i, row) in res.iter().take(mt).enumerate() {
+                // SAFETY: the unit alone writes rows m0..m0+mt of columns nt*16..nt*16+16,
+                // and `out` outlives the call.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        row.as_ptr(),
+                        out_ptr.get().add((m0 + i) * n + nt * TILE_N),
+                        TILE_N,
+                    )
+                };
             }
-        })
-    };
+        }
+    });
     // SAFETY: the units partition the (tile row, activation group) grid and each writes
     // its rows' 16 columns: every element of the [m, n] output (n is whole tiles).
-    Ok(unsafe { super::filled_output(m * n, fill) })
+    Ok(unsafe { out.filled() })
 }
 
 /// One row of tiles (16 weight rows, all of k) against up to [`MT`] activation rows.

@@ -23,7 +23,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
-use super::{par_chunks, SharedMut};
+use super::{par_chunks, Unfilled};
 use crate::CpuKernel;
 
 /// Values per super-block.
@@ -220,100 +220,97 @@ fn matvec(
     let tiled_rows: Vec<usize> = (0..m).filter(|&a| tiled[a]).collect();
     let via_tiles = kernel != Kernel::Scalar && tiled_rows.len() >= tiled::MIN_ROWS;
     let skip = |a: usize| via_tiles && tiled[a];
-    let fill = |out_ptr: SharedMut<f32>| {
-        if via_tiles {
-            tiled::matmul(kernel, w, n, kb, lhs, &tiled_rows, out_ptr);
-            if tiled_rows.len() == m {
-                return;
-            }
+    let mut out = Unfilled::new(m * n);
+    let out_ptr = out.ptr();
+    if via_tiles {
+        tiled::matmul(kernel, w, n, kb, lhs, &tiled_rows, out_ptr);
+        if tiled_rows.len() == m {
+            // SAFETY: `tiled::matmul` wrote all n columns of every row.
+            return Ok(unsafe { out.filled() });
         }
-        par_chunks(n.div_ceil(ROWS), m * n * kb * 8, |groups| {
-            for g in groups {
-                let rows = g * ROWS..n.min((g + 1) * ROWS);
-                // A short last group repeats its last row (results dropped).
-                let ws: [&[u8]; ROWS] = std::array::from_fn(|i| {
-                    let r = (rows.start + i).min(rows.end - 1);
-                    &w[r * row_bytes..(r + 1) * row_bytes]
-                });
-                let q = |a: usize| &lhs[a * kb * Q8K_BYTES..(a + 1) * kb * Q8K_BYTES];
-                // Activation rows a..a+N (the caller checked they exist).
-                fn rows_at_n<'l, const N: usize>(
-                    q: &impl Fn(usize) -> &'l [u8],
-                    a: usize,
-                ) -> [&'l [u8]; N] {
-                    std::array::from_fn(|i| q(a + i))
+    }
+    par_chunks(n.div_ceil(ROWS), m * n * kb * 8, |groups| {
+        for g in groups {
+            let rows = g * ROWS..n.min((g + 1) * ROWS);
+            // A short last group repeats its last row (results dropped).
+            let ws: [&[u8]; ROWS] = std::array::from_fn(|i| {
+                let r = (rows.start + i).min(rows.end - 1);
+                &w[r * row_bytes..(r + 1) * row_bytes]
+            });
+            let q = |a: usize| &lhs[a * kb * Q8K_BYTES..(a + 1) * kb * Q8K_BYTES];
+            // Activation rows a..a+N (the caller checked they exist).
+            fn rows_at_n<'l, const N: usize>(
+                q: &impl Fn(usize) -> &'l [u8],
+                a: usize,
+            ) -> [&'l [u8]; N] {
+                std::array::from_fn(|i| q(a + i))
+            }
+            let mut a = 0;
+            while a < m {
+                if skip(a) {
+                    a += 1;
+                    continue;
                 }
-                let mut a = 0;
-                while a < m {
-                    if skip(a) {
-                        a += 1;
-                        continue;
-                    }
-                    // Up to eight consecutive activation rows of the same rounding at once.
-                    let t = tiled[a];
-                    let run = (a..m.min(a + 8))
-                        .take_while(|&i| tiled[i] == t && !skip(i))
-                        .count();
-                    // Eight, four, two or one rows through a SIMD kernel module's `dot` (a
-                    // batch of eight decode rows unpacks each weight block once).
-                    macro_rules! simd_rows {
-                        ($m:ident) => {
-                            match (t, run) {
-                                (false, 8) => padded($m::dot::<false, 8>(&ws, rows_at_n(&q, a))),
-                                (true, 8) => padded($m::dot::<true, 8>(&ws, rows_at_n(&q, a))),
-                                (false, 4..) => padded($m::dot::<false, 4>(&ws, rows_at_n(&q, a))),
-                                (true, 4..) => padded($m::dot::<true, 4>(&ws, rows_at_n(&q, a))),
-                                (false, 2 | 3) => {
-                                    padded($m::dot::<false, 2>(&ws, rows_at_n(&q, a)))
-                                }
-                                (true, 2 | 3) => padded($m::dot::<true, 2>(&ws, rows_at_n(&q, a))),
-                                (false, _) => padded($m::dot::<false, 1>(&ws, rows_at_n(&q, a))),
-                                (true, _) => padded($m::dot::<true, 1>(&ws, rows_at_n(&q, a))),
-                            }
-                        };
-                    }
-                    let (dots, len) = match kernel {
-                        // One or two rows: the 256-bit kernel streams the weights faster (the
-                        // 1.5B's output matrix, one row: 4.0 ms against 4.8; two: 6.0 against
-                        // 6.7), with the same integer lanes and float steps.
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: the 512-bit kernel's CPUs run the 256-bit one (`available`);
-                        // `matvec` checked lengths.
-                        Kernel::Avx512Vnni if run < 4 => unsafe { simd_rows!(avx2) },
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: `matvec` checked that the CPU runs the kernel; it checks lengths.
-                        Kernel::Avx512Vnni => unsafe { simd_rows!(avx512) },
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: as above.
-                        Kernel::Avx2 => unsafe { simd_rows!(avx2) },
-                        Kernel::Scalar => padded([ws.map(|w| dot_scalar(w, q(a), t))]),
-                        #[cfg(not(target_arch = "x86_64"))]
-                        Kernel::Avx2 | Kernel::Avx512Vnni => {
-                            unreachable!("only the scalar kernel runs off x86_64")
+                // Up to eight consecutive activation rows of the same rounding at once.
+                let t = tiled[a];
+                let run = (a..m.min(a + 8))
+                    .take_while(|&i| tiled[i] == t && !skip(i))
+                    .count();
+                // Eight, four, two or one rows through a SIMD kernel module's `dot` (a
+                // batch of eight decode rows unpacks each weight block once).
+                macro_rules! simd_rows {
+                    ($m:ident) => {
+                        match (t, run) {
+                            (false, 8) => padded($m::dot::<false, 8>(&ws, rows_at_n(&q, a))),
+                            (true, 8) => padded($m::dot::<true, 8>(&ws, rows_at_n(&q, a))),
+                            (false, 4..) => padded($m::dot::<false, 4>(&ws, rows_at_n(&q, a))),
+                            (true, 4..) => padded($m::dot::<true, 4>(&ws, rows_at_n(&q, a))),
+                            (false, 2 | 3) => padded($m::dot::<false, 2>(&ws, rows_at_n(&q, a))),
+                            (true, 2 | 3) => padded($m::dot::<true, 2>(&ws, rows_at_n(&q, a))),
+                            (false, _) => padded($m::dot::<false, 1>(&ws, rows_at_n(&q, a))),
+                            (true, _) => padded($m::dot::<true, 1>(&ws, rows_at_n(&q, a))),
                         }
                     };
-                    for (i, dots) in dots.iter().take(len).enumerate() {
-                        let at = (a + i) * n + rows.start;
-                        // SAFETY (both): weight rows belong to one group each; `out` outlives
-                        // the call. A whole group's eight outputs of a row go in one store.
-                        if rows.len() == ROWS {
-                            unsafe {
-                                std::ptr::write_unaligned(out_ptr.get().add(at).cast(), *dots)
-                            };
-                        } else {
-                            for (r, d) in dots.iter().take(rows.len()).enumerate() {
-                                unsafe { *out_ptr.get().add(at + r) = *d };
-                            }
+                }
+                let (dots, len) = match kernel {
+                    // One or two rows: the 256-bit kernel streams the weights faster (the
+                    // 1.5B's output matrix, one row: 4.0 ms against 4.8; two: 6.0 against
+                    // 6.7), with the same integer lanes and float steps.
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: the 512-bit kernel's CPUs run the 256-bit one (`available`);
+                    // `matvec` checked lengths.
+                    Kernel::Avx512Vnni if run < 4 => unsafe { simd_rows!(avx2) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `matvec` checked that the CPU runs the kernel; it checks lengths.
+                    Kernel::Avx512Vnni => unsafe { simd_rows!(avx512) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    Kernel::Avx2 => unsafe { simd_rows!(avx2) },
+                    Kernel::Scalar => padded([ws.map(|w| dot_scalar(w, q(a), t))]),
+                    #[cfg(not(target_arch = "x86_64"))]
+                    Kernel::Avx2 | Kernel::Avx512Vnni => {
+                        unreachable!("only the scalar kernel runs off x86_64")
+                    }
+                };
+                for (i, dots) in dots.iter().take(len).enumerate() {
+                    let at = (a + i) * n + rows.start;
+                    // SAFETY (both): weight rows belong to one group each; `out` outlives
+                    // the call. A whole group's eight outputs of a row go in one store.
+                    if rows.len() == ROWS {
+                        unsafe { std::ptr::write_unaligned(out_ptr.get().add(at).cast(), *dots) };
+                    } else {
+                        for (r, d) in dots.iter().take(rows.len()).enumerate() {
+                            unsafe { *out_ptr.get().add(at + r) = *d };
                         }
                     }
-                    a += len;
                 }
+                a += len;
             }
-        });
-    };
+        }
+    });
     // SAFETY: the tiled rows are written by `tiled::matmul` (all n columns), the others by
     // the groups (all their weight rows, for every row not tiled).
-    Ok(unsafe { super::filled_output(m * n, fill) })
+    Ok(unsafe { out.filled() })
 }
 
 /// A kernel's `N` rows of outputs in an eight-row buffer (no allocation per group), with

@@ -2,6 +2,7 @@ use super::*;
 use candle_core::{Device, Module};
 
 use crate::test_util::{quantized, rel_diff, time_ms, values};
+use crate::SharedMut;
 
 fn q6k_weight(n: usize, k: usize, seed: u64) -> QMatMul {
     quantized(n, k, seed, GgmlDType::Q6K)
