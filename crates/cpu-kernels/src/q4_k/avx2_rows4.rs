@@ -230,9 +230,17 @@ pub(in crate::q4_k) unsafe fn dot(
         );
         let dall: [__m256; M] =
             std::array::from_fn(|i| _mm256_set1_ps(std::ptr::read_unaligned(q[i] as *const f32)));
-        // The products llama.cpp forms at every step (the same floats each time).
-        let d_all: [[__m256; 2]; M] = dall.map(|y| d.map(|d| _mm256_mul_ps(d, y)));
-        let dmin_all: [[__m256; 2]; M] = dall.map(|y| dmin.map(|d| _mm256_mul_ps(d, y)));
+        // The products llama.cpp forms at every step (the same floats each time). Plain
+        // loops: `array::map` is not inlined here (its closure's target features), and the
+        // call passed every vector through memory (1.4% of the 1.5B's batch-8 step).
+        let mut d_all = [[_mm256_setzero_ps(); 2]; M];
+        let mut dmin_all = [[_mm256_setzero_ps(); 2]; M];
+        for i in 0..M {
+            for h in 0..2 {
+                d_all[i][h] = _mm256_mul_ps(d[h], dall[i]);
+                dmin_all[i][h] = _mm256_mul_ps(dmin[h], dall[i]);
+            }
+        }
         let mut iblk = [[_mm256_setzero_si256(); 2]; M];
         let mut imin = [[_mm256_setzero_si256(); 2]; M];
         for p in 0..4 {
