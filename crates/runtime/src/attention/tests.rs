@@ -30,6 +30,28 @@ fn dot_f16_lanes_match_the_portable_order() {
     assert_eq!(dot_f16(&bits(&a), &b), (t[0] + t[1]) + (t[2] + t[3]));
 }
 
+#[test]
+fn dot4_sums_each_row_as_dot_alone() {
+    let b: Vec<f32> = (0..128).map(|i| f16r((i as f32 * 0.377).cos())).collect();
+    let rows: Vec<Vec<u16>> = (0..4)
+        .map(|r| {
+            let a: Vec<f32> = (0..128)
+                .map(|i| f16r((i as f32 * 0.731 + r as f32).sin() * 3.0))
+                .collect();
+            bits(&a)
+        })
+        .collect();
+    let Some(four) = f16_lanes::dot4(std::array::from_fn(|r| &rows[r][..]), &b) else {
+        return; // the portable build has no four-key step (`attend_group` takes one key)
+    };
+    for (r, d) in four.into_iter().enumerate() {
+        assert_eq!(d.to_bits(), dot_f16(&rows[r], &b).to_bits(), "row {r}");
+    }
+    // Lengths it does not take: one key at a time instead.
+    assert!(f16_lanes::dot4(std::array::from_fn(|r| &rows[r][..96]), &b[..96]).is_some());
+    assert!(f16_lanes::dot4(std::array::from_fn(|r| &rows[r][..80]), &b[..80]).is_none());
+}
+
 /// llama.cpp's loop as written: one key at a time through score, softmax step and
 /// value update (scalar, `f16r` after every update).
 fn attend_stepwise(q: &[f32], kc: &[f32], vc: &[f32], scale: f32) -> Vec<f32> {
