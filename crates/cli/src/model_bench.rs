@@ -261,9 +261,7 @@ fn peak_rss_mb() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+/// The greedy token, as the engine's sampler picks it.
 fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
-        .0 as u32
+    tokenrouter_runtime::sampling::argmax(v).0
 }
