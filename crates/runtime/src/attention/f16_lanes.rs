@@ -86,19 +86,10 @@ mod lanes {
         if a.len() != b.len() || !a.len().is_multiple_of(32) {
             return None;
         }
-        // SAFETY: the target features are enabled for the whole build; loads stay within
-        // both slices (a multiple of 32 long).
+        // SAFETY: the target features are enabled for the whole build; the lengths are
+        // checked above.
         unsafe {
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for i in (0..a.len()).step_by(32) {
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    let x = load_f16(a.as_ptr().add(i + 8 * j));
-                    let y = _mm256_loadu_ps(b.as_ptr().add(i + 8 * j));
-                    *acc = _mm256_fmadd_ps(x, y, *acc);
-                }
-            }
-            let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-            let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+            let t = four_sums(a, b);
             let t = _mm_hadd_ps(t, t);
             Some(_mm_cvtss_f32(_mm_hadd_ps(t, t)))
         }
@@ -112,28 +103,37 @@ mod lanes {
         if a.iter().any(|a| a.len() != b.len()) || !b.len().is_multiple_of(32) {
             return None;
         }
-        // SAFETY: as in `dot`, for each of the four rows.
+        // SAFETY: as in `dot`, for each of the four rows. A loop, not `array::map`: its
+        // closure was not inlined (a call per row, the sums passed through memory).
         unsafe {
-            // A loop, not `array::map`: its closure was not inlined (a call per row, the
-            // sums passed through memory).
             let mut t = [_mm_setzero_ps(); 4];
             for (t, a) in t.iter_mut().zip(a) {
-                let mut acc = [_mm256_setzero_ps(); 4];
-                for i in (0..b.len()).step_by(32) {
-                    for (j, acc) in acc.iter_mut().enumerate() {
-                        let x = load_f16(a.as_ptr().add(i + 8 * j));
-                        let y = _mm256_loadu_ps(b.as_ptr().add(i + 8 * j));
-                        *acc = _mm256_fmadd_ps(x, y, *acc);
-                    }
-                }
-                let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-                *t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+                *t = four_sums(a, b);
             }
             let sums = _mm_hadd_ps(_mm_hadd_ps(t[0], t[1]), _mm_hadd_ps(t[2], t[3]));
             let mut out = [0f32; 4];
             _mm_storeu_ps(out.as_mut_ptr(), sums);
             Some(out)
         }
+    }
+
+    /// The products of `a` and `b` in ggml's four accumulators of eight lanes, reduced to
+    /// four lanes (`(acc0 + acc2) + (acc1 + acc3)`, then lane l plus lane l + 4).
+    ///
+    /// # Safety
+    /// `a` and `b` of one length, a multiple of 32.
+    #[inline]
+    unsafe fn four_sums(a: &[u16], b: &[f32]) -> __m128 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in (0..a.len()).step_by(32) {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let x = load_f16(a.as_ptr().add(i + 8 * j));
+                let y = _mm256_loadu_ps(b.as_ptr().add(i + 8 * j));
+                *acc = _mm256_fmadd_ps(x, y, *acc);
+            }
+        }
+        let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x))
     }
 }
 
