@@ -234,41 +234,56 @@ impl Unfilled {
     }
 }
 
-/// About this many 32-value block products per grab of `par_chunks`' shared cursor (tens
-/// of microseconds of a batch kernel: a grab is an atomic add on a line both cores use).
-const CHUNK_BLOCKS: usize = 1 << 15;
+/// The smallest chunk `par_chunks` hands out, in 32-value block products (tens of
+/// microseconds of a batch kernel: each grab is an atomic on a line both cores use).
+const MIN_CHUNK_BLOCKS: usize = 1 << 15;
 
 /// Run `f` over `0..n` in chunks, on candle's barrier pool when `cost` (in 32-value block
 /// products, all `n` items together) is worth the hand-off.
-///
-/// Chunks of about [`CHUNK_BLOCKS`] from one shared cursor. candle's `execute_chunked` hands
-/// out an eighth of a thread's share at a time; the thread that ran out first then waited
-/// on the other's last chunk, half a chunk on average: for a batch of eight decode rows
-/// ~50 us of each big matrix, 0.8 ms of the 0.5B's output matrix (worker idle 4.8% and the
-/// calling thread's wait 1.4% of the batch step's samples).
 fn par_chunks(n: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    par_grains(n, 1, cost, f)
+}
+
+/// `par_chunks` whose chunks are whole `grain`s of items (from item 0: units a thread
+/// should run together, as the activation groups of one Q4_K tile row).
+///
+/// Guided chunks from one shared cursor: each grab takes a `1 / (2 * threads)` share of what
+/// is left (at least `MIN_CHUNK_BLOCKS`), so each thread's weights stream from a long run
+/// early and both threads finish within a small chunk of each other. candle's
+/// `execute_chunked` hands out an eighth of a thread's share at a time, and the thread done
+/// first waited half a chunk on average (for a batch of eight decode rows ~50 us of each big
+/// matrix, ~0.8 ms of the 0.5B's output matrix: worker idle 4.9% and the calling thread's
+/// wait 1.9% of the batch step's samples); fixed small chunks instead broke the streams and
+/// split a tile row's activation groups between the threads (the AVX-512 host: Q4_K eight
+/// rows 59.3 -> 63.4 ms).
+fn par_grains(n: usize, grain: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     if cost < MIN_PARALLEL_BLOCKS {
         f(0..n);
         return;
     }
     let pool = candle_core::utils::barrier_pool();
     let threads = pool.n_workers() + 1;
-    let coarse = n.div_ceil(threads * 8).max(1);
-    let chunk = (CHUNK_BLOCKS / (cost / n.max(1)).max(1)).clamp(1, coarse);
-    if chunk == coarse {
-        pool.execute_chunked(n, f);
-        return;
-    }
-    let cursor = std::sync::atomic::AtomicUsize::new(0);
+    let grain = grain.max(1);
+    let min_items = (MIN_CHUNK_BLOCKS / (cost / n.max(1)).max(1)).max(1);
+    let cursor = AtomicUsize::new(0);
     // One slot per thread, each running the cursor loop (a thread that takes a second slot
     // finds the cursor done); `execute_chunked` also runs it inline when called from a
     // worker.
     pool.execute_chunked(threads, |_| loop {
-        let start = cursor.fetch_add(chunk, std::sync::atomic::Ordering::Relaxed);
-        if start >= n {
-            break;
-        }
-        f(start..n.min(start + chunk));
+        let mut start = cursor.load(Ordering::Relaxed);
+        let end = loop {
+            if start >= n {
+                return;
+            }
+            let size = ((n - start) / (2 * threads)).max(min_items);
+            let end = n.min((start + size).next_multiple_of(grain));
+            match cursor.compare_exchange_weak(start, end, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break end,
+                Err(now) => start = now,
+            }
+        };
+        f(start..end);
     });
 }
 

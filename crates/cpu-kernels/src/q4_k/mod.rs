@@ -20,7 +20,7 @@ use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
-use super::{par_chunks, Bands, SharedMut, Unfilled};
+use super::{par_chunks, par_grains, Bands, SharedMut, Unfilled};
 use crate::CpuKernel;
 
 /// Values per super-block.
@@ -329,7 +329,9 @@ fn matmul(
     let blocks = Bands::new(n / TILE_N, m_units, band_bytes);
     let mut out = Unfilled::new(m * n);
     let out_ptr = out.ptr();
-    par_chunks(n / TILE_N * m_units, m * n * kb * 8, |units| {
+    // A few groups: a tile row's groups (consecutive units) on one thread, from L1.
+    let grain = if m_units <= FEW_GROUPS { m_units } else { 1 };
+    par_grains(n / TILE_N * m_units, grain, m * n * kb * 8, |units| {
         for unit in units {
             let (nt, group) = blocks.at(unit);
             let m0 = group * MT;
