@@ -234,29 +234,34 @@ impl Unfilled {
     }
 }
 
-/// The smallest chunk `par_chunks` hands out, in 32-value block products (tens of
-/// microseconds of a batch kernel: each grab is an atomic on a line both cores use).
-const MIN_CHUNK_BLOCKS: usize = 1 << 15;
-
 /// Run `f` over `0..n` in chunks, on candle's barrier pool when `cost` (in 32-value block
 /// products, all `n` items together) is worth the hand-off.
 fn par_chunks(n: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
-    par_grains(n, 1, cost, f)
+    if cost < MIN_PARALLEL_BLOCKS {
+        f(0..n);
+    } else {
+        candle_core::utils::barrier_pool().execute_chunked(n, f);
+    }
 }
 
-/// `par_chunks` whose chunks are whole `grain`s of items (from item 0: units a thread
+/// The smallest chunk `par_guided` hands out, in 32-value block products (tens of
+/// microseconds of a batch kernel: each grab is an atomic on a line both cores use).
+const MIN_CHUNK_BLOCKS: usize = 1 << 15;
+
+/// `par_chunks` for a decode batch's matmul (a few activation rows, every item a group of
+/// weight rows): guided chunks, in whole `grain`s of items from item 0 (units a thread
 /// should run together, as the activation groups of one Q4_K tile row).
 ///
-/// Guided chunks from one shared cursor: each grab takes a `1 / (2 * threads)` share of what
-/// is left (at least `MIN_CHUNK_BLOCKS`), so each thread's weights stream from a long run
-/// early and both threads finish within a small chunk of each other. candle's
-/// `execute_chunked` hands out an eighth of a thread's share at a time, and the thread done
-/// first waited half a chunk on average (for a batch of eight decode rows ~50 us of each big
-/// matrix, ~0.8 ms of the 0.5B's output matrix: worker idle 4.9% and the calling thread's
-/// wait 1.9% of the batch step's samples); fixed small chunks instead broke the streams and
-/// split a tile row's activation groups between the threads (the AVX-512 host: Q4_K eight
-/// rows 59.3 -> 63.4 ms).
-fn par_grains(n: usize, grain: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+/// Each grab of one shared cursor takes a `1 / (2 * threads)` share of what is left (at
+/// least `MIN_CHUNK_BLOCKS`), so each thread's weights stream from a long run early and both
+/// threads finish within a small chunk of each other. candle's `execute_chunked` hands out
+/// an eighth of a thread's share at a time, and the thread done first waited half a chunk on
+/// average: for eight decode rows ~50 us of each big matrix, ~0.8 ms of the 0.5B's output
+/// matrix (worker idle 4.9% and the calling thread's wait 1.9% of the batch step's samples).
+/// Fixed small chunks instead broke the streams and split a tile row's groups between the
+/// threads (the AVX-512 host: Q4_K eight rows 59.3 -> 63.4 ms). Prompts keep `par_chunks`:
+/// their items are tuned to its order (`Bands`).
+fn par_guided(n: usize, grain: usize, cost: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     if cost < MIN_PARALLEL_BLOCKS {
         f(0..n);

@@ -28,7 +28,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
-use super::{par_chunks, Bands, Unfilled};
+use super::{par_chunks, par_guided, Bands, Unfilled};
 use crate::CpuKernel;
 use layout::Rows;
 use lhs::QuantizedLhs;
@@ -375,7 +375,7 @@ fn matmul(
     let bands = Bands::new(groups, nt, TILE * kb * format.block_bytes());
     let mut out = Unfilled::new(m * n);
     let out_ptr = out.ptr();
-    par_chunks(groups * nt, m * n * kb, |items| {
+    let run = |items: std::ops::Range<usize>| {
         for item in items {
             let (g, tile) = bands.at(item);
             let tile = tiles[tile];
@@ -408,7 +408,12 @@ fn matmul(
                 }
             }
         }
-    });
+    };
+    if nt == 1 && m > 1 {
+        par_guided(groups, 1, m * n * kb, run);
+    } else {
+        par_chunks(groups * nt, m * n * kb, run);
+    }
     // SAFETY: the items partition the (weight group, tile) grid, and each writes its tile's
     // rows' outputs for all its group's weight rows: every element.
     Ok(unsafe { out.filled() })

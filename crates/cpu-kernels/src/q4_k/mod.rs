@@ -20,7 +20,7 @@ use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
-use super::{par_chunks, par_grains, Bands, SharedMut, Unfilled};
+use super::{par_chunks, par_guided, Bands, SharedMut, Unfilled};
 use crate::CpuKernel;
 
 /// Values per super-block.
@@ -329,9 +329,8 @@ fn matmul(
     let blocks = Bands::new(n / TILE_N, m_units, band_bytes);
     let mut out = Unfilled::new(m * n);
     let out_ptr = out.ptr();
-    // A few groups: a tile row's groups (consecutive units) on one thread, from L1.
-    let grain = if m_units <= FEW_GROUPS { m_units } else { 1 };
-    par_grains(n / TILE_N * m_units, grain, m * n * kb * 8, |units| {
+    let units = n / TILE_N * m_units;
+    let run = |units: std::ops::Range<usize>| {
         for unit in units {
             let (nt, group) = blocks.at(unit);
             let m0 = group * MT;
@@ -354,7 +353,14 @@ fn matmul(
                 };
             }
         }
-    });
+    };
+    let cost = m * n * kb * 8;
+    if m > 1 && m_units <= FEW_GROUPS {
+        // A decode batch: a tile row's groups (consecutive units) on one thread, from L1.
+        par_guided(units, m_units, cost, run);
+    } else {
+        par_chunks(units, cost, run);
+    }
     // SAFETY: the units partition the (tile row, activation group) grid and each writes
     // its rows' 16 columns: every element of the [m, n] output (n is whole tiles).
     Ok(unsafe { out.filled() })

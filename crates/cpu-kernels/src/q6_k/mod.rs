@@ -229,7 +229,7 @@ fn matvec(
             return Ok(unsafe { out.filled() });
         }
     }
-    par_chunks(n.div_ceil(ROWS), m * n * kb * 8, |groups| {
+    let run = |groups: std::ops::Range<usize>| {
         for g in groups {
             let rows = g * ROWS..n.min((g + 1) * ROWS);
             // A short last group repeats its last row (results dropped).
@@ -307,7 +307,14 @@ fn matvec(
                 a += len;
             }
         }
-    });
+    };
+    let cost = m * n * kb * 8;
+    if m > 1 {
+        // A decode batch (prompt rows take the tiles above).
+        super::par_guided(n.div_ceil(ROWS), 1, cost, run);
+    } else {
+        par_chunks(n.div_ceil(ROWS), cost, run);
+    }
     // SAFETY: the tiled rows are written by `tiled::matmul` (all n columns), the others by
     // the groups (all their weight rows, for every row not tiled).
     Ok(unsafe { out.filled() })
