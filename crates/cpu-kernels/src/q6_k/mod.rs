@@ -23,7 +23,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
-use super::{par_chunks, Unfilled};
+use super::{par_chunks, par_guided, Unfilled};
 use crate::CpuKernel;
 
 /// Values per super-block.
@@ -311,7 +311,7 @@ fn matvec(
     let cost = m * n * kb * 8;
     if m > 1 {
         // A decode batch (prompt rows take the tiles above).
-        super::par_guided(n.div_ceil(ROWS), 1, cost, run);
+        par_guided(n.div_ceil(ROWS), 1, cost, run);
     } else {
         par_chunks(n.div_ceil(ROWS), cost, run);
     }
