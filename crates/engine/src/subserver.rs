@@ -258,7 +258,7 @@ impl SubServer {
                 // Nothing runs, so nothing will free KV: the rest of the queue (requests back
                 // from another model, holding their earlier KV here) gives theirs up, newest
                 // first, or the loop would spin on a head that never fits.
-                self.evict_waiting(needed);
+                self.evict_waiting(needed, true);
                 needed = self.runner.blocks_needed(&wants);
             }
             if needed <= self.runner.free_blocks() {
@@ -316,10 +316,17 @@ impl SubServer {
         }
     }
 
-    /// Free the KV held here by queued requests behind the head (newest first) until
-    /// `needed` blocks are free; they re-prefill when admitted.
-    fn evict_waiting(&mut self, needed: usize) {
-        let queued: Vec<u64> = self.waiting.iter().skip(1).rev().map(|r| r.rid).collect();
+    /// Free the KV held here by queued requests (newest first; behind the head, or the head
+    /// too) until `needed` blocks are free; they re-prefill when admitted.
+    fn evict_waiting(&mut self, needed: usize, spare_head: bool) {
+        let skip = usize::from(spare_head);
+        let queued: Vec<u64> = self
+            .waiting
+            .iter()
+            .skip(skip)
+            .rev()
+            .map(|r| r.rid)
+            .collect();
         for rid in queued {
             if self.runner.free_blocks() >= needed {
                 break;
@@ -336,8 +343,10 @@ impl SubServer {
     }
 
     /// Running requests grow by a token per step; when the KV cache cannot hold the next
-    /// step, the newest requests go back to the queue and give up their KV here (they are
-    /// recomputed when readmitted), so the others keep going instead of failing.
+    /// step, KV nobody steps on goes first — requests away at other models, then queued
+    /// requests back from one (a full batch or a full cache keeps them queued with their
+    /// KV) — and then the newest running requests go back to the queue and give up theirs
+    /// (all are recomputed when readmitted), so the others keep going instead of failing.
     fn preempt_to_fit(&mut self) {
         loop {
             let wants: Vec<(u64, usize)> = self
@@ -351,6 +360,9 @@ impl SubServer {
             }
             // Pending KV of requests away at other models goes first (cheapest to redo).
             self.evict_pending(needed);
+            if needed > self.runner.free_blocks() {
+                self.evict_waiting(needed, false);
+            }
             if needed <= self.runner.free_blocks() || self.running.len() <= 1 {
                 return;
             }
