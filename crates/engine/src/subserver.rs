@@ -360,9 +360,7 @@ impl SubServer {
             }
             // Pending KV of requests away at other models goes first (cheapest to redo).
             self.evict_pending(needed);
-            if needed > self.runner.free_blocks() {
-                self.evict_waiting(needed, false);
-            }
+            self.evict_waiting(needed, false);
             if needed <= self.runner.free_blocks() || self.running.len() <= 1 {
                 return;
             }
