@@ -373,6 +373,10 @@ fn matmul(
     // Weight groups in bands that stay in L2 (`q0 speed`, 512 rows, best of three alternating
     // runs: [4864x896] AVX2 35.2 -> 32.2 ms, AVX-512 26.7 -> 24.6; [896x4864] 37.5 -> 34.7).
     let bands = Bands::new(groups, nt, TILE * kb * format.block_bytes());
+    // One tile: each thread reads its run of groups once, front to back (`par_guided`), from
+    // DRAM for a large weight. Several: the bands keep groups in L2 for every tile, and
+    // asking for the group after one costs (`q0 speed_batches`, 128 and 512 rows: 1-7%).
+    let read_once = nt == 1;
     let mut out = Unfilled::new(m * n);
     let out_ptr = out.ptr();
     let run = |items: std::ops::Range<usize>| {
@@ -391,7 +395,8 @@ fn matmul(
             } else {
                 let mut dots = [[0f32; TILE]; TILE];
                 let count = wrows.len();
-                dot_acts(kernel, format, (w, &rows, count), &lhs, tile, &mut dots);
+                let ws = (w, &rows, count);
+                dot_acts(kernel, format, ws, read_once, &lhs, tile, &mut dots);
                 for (i, row) in dots.iter().take(tile.rows).enumerate() {
                     let at = (tile.start + i) * n + wrows.start;
                     // A whole group's eight outputs of a row in one 32-byte store: written
@@ -422,20 +427,24 @@ fn matmul(
 /// The first `count` of a group's weight rows: the stored weight, where the rows are.
 type WeightRows<'a> = (&'a [u8], &'a Rows, usize);
 
-/// An x86 `dot_acts`: weight rows, eight activation rows, their interleaved scales, and
-/// the outputs per weight row.
+/// An x86 `dot_acts`: weight rows, whether to ask for the next group's, eight activation
+/// rows, their interleaved scales, and the outputs per weight row.
 #[cfg(target_arch = "x86_64")]
-type ActsKernel = unsafe fn(Format, WeightRows, &[[u8; 64]], &[f32], &mut [[f32; TILE]; TILE]);
+type ActsKernel =
+    unsafe fn(Format, WeightRows, bool, &[[u8; 64]], &[f32], &mut [[f32; TILE]; TILE]);
 /// An x86 `dot_weights`: eight weight rows, then one row's blocks, lane sums and scales.
 #[cfg(target_arch = "x86_64")]
 type WeightsKernel = unsafe fn(Format, &[u8], &Rows, &[u8], &[i32], &[f32]) -> [f32; TILE];
 
 /// Weight rows `ws` (at most eight) against the (padded) eight rows of a tile: `dots[i][wi]`
-/// is activation row i's product with weight row wi.
+/// is activation row i's product with weight row wi. `read_once`: the weight streams by
+/// once, group after group (see `matmul`), and the SIMD kernels ask for the next group
+/// while they compute this one.
 fn dot_acts(
     kernel: Kernel,
     format: Format,
     ws: WeightRows,
+    read_once: bool,
     lhs: &QuantizedLhs,
     tile: Tile,
     dots: &mut [[f32; TILE]; TILE],
@@ -449,12 +458,12 @@ fn dot_acts(
         let scales = lhs.tile_scales(tile.start);
         // SAFETY: `matmul` checked that the CPU runs this kernel; the kernel checks the
         // slice lengths against the weight rows' block count.
-        unsafe { f(format, ws, lines, scales, dots) }
+        unsafe { f(format, ws, read_once, lines, scales, dots) }
     };
     #[cfg(target_arch = "x86_64")]
     if let (Some((ybias, dpair)), Kernel::Avx512Vnni) = (lhs.tile_pairs(tile.start), kernel) {
         // SAFETY: the pairs are made only when the CPU runs this kernel; it checks lengths.
-        unsafe { x86::dot_acts_pairs(format, ws, ybias, dpair, dots) };
+        unsafe { x86::dot_acts_pairs(format, ws, read_once, ybias, dpair, dots) };
         return;
     }
     match kernel {

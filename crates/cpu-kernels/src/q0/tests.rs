@@ -214,7 +214,11 @@ fn speed() {
 #[test]
 #[ignore]
 fn speed_batches() {
-    let kernel = Kernel::detect();
+    // `Q0_KERNEL=avx2` times the AVX2 kernel on a CPU that would pick another.
+    let kernel = match std::env::var("Q0_KERNEL").as_deref() {
+        Ok("avx2") => Kernel::Avx2,
+        _ => Kernel::detect(),
+    };
     for (dtype, n, k, m) in [
         (GgmlDType::Q5_0, 4864, 896, 16),
         (GgmlDType::Q5_0, 4864, 896, 128),
@@ -226,6 +230,7 @@ fn speed_batches() {
         (GgmlDType::Q8_0, 16384, 896, 8),
         (GgmlDType::Q8_0, 16384, 896, 128),
         (GgmlDType::Q8_0, 151936, 896, 8),
+        (GgmlDType::Q5_0, 65536, 896, 8),
     ] {
         let w = quantized(n, k, 1, dtype);
         let x = Tensor::from_vec(values(m * k, 2), (m, k), &Device::Cpu).unwrap();
@@ -312,7 +317,9 @@ fn speed_tile_kernel() {
             let t0 = std::time::Instant::now();
             for _ in 0..reps {
                 // SAFETY: the CPU runs AVX2 (this test runs only where it does).
-                unsafe { avx2::dot_acts(format, (&bytes, &rows, 8), lines, scales, &mut dots) };
+                unsafe {
+                    avx2::dot_acts(format, (&bytes, &rows, 8), false, lines, scales, &mut dots)
+                };
                 std::hint::black_box(&mut dots);
             }
             best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
