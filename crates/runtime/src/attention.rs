@@ -241,16 +241,18 @@ fn attend_group(
         // The running sum in a local: through `sum` it went to memory and back every key.
         let mut total = 0f32;
         for (s, r) in vs.iter_mut().zip(ms.iter_mut()) {
+            // Not fused: llama.cpp's released x86 build computes `S = S*ms + vs` in two
+            // steps. Where the maximum holds, `ms` is 1 and `S * 1` is `S`: the add alone
+            // keeps the running sum's chain short (one operation a key, not two).
             if *s > m {
                 *r = (m - *s).exp();
                 m = *s;
                 *s = 1.0;
+                total = total * *r + 1.0;
             } else {
                 *s = (*s - m).exp();
+                total += *s;
             }
-            // Not fused: llama.cpp's released x86 build computes `S = S*ms + vs` in two
-            // steps.
-            total = total * *r + *s;
         }
         *sum = total;
     }

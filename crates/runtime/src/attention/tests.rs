@@ -178,28 +178,31 @@ fn cache_values(len: usize, mul: usize, modulus: usize, offset: usize) -> Vec<f3
 #[test]
 #[ignore]
 fn attend_speed() {
-    // 28 layers' caches of two KV heads, as the 1.5B at 1k context (57 MB, past L3).
-    let (hd, n, layers, row) = (128, 1024, 28, 256);
-    let kc: Vec<Vec<u16>> = (0..layers)
-        .map(|l| bits(&cache_values(n * row, 7919, 97, l)))
-        .collect();
-    let vc: Vec<Vec<u16>> = (0..layers)
-        .map(|l| bits(&cache_values(n * row, 104_729, 89, l)))
-        .collect();
-    let q: Vec<f32> = (0..hd).map(|i| f16r((i as f32 * 0.37).sin())).collect();
-    let q6 = q.repeat(6);
-    let mut o = vec![0f32; 6 * hd];
-    for _ in 0..3 {
-        let t = std::time::Instant::now();
-        for (kc, vc) in kc.iter().zip(&vc) {
-            for kvh in 0..2 {
-                attend_group(&q6, hd, n, |j| j * row + kvh * hd, kc, vc, 0.088, &mut o);
+    // The 1.5B at 1k context: 28 layers' caches of two KV heads (57 MB, past L3), six
+    // query heads a group; the 0.5B batch-decoding: 24 layers at 256 context, seven.
+    for (hd, n, layers, kv_heads, group) in [(128, 1024, 28, 2, 6), (64, 256, 24, 2, 7)] {
+        let row = kv_heads * hd;
+        let kc: Vec<Vec<u16>> = (0..layers)
+            .map(|l| bits(&cache_values(n * row, 7919, 97, l)))
+            .collect();
+        let vc: Vec<Vec<u16>> = (0..layers)
+            .map(|l| bits(&cache_values(n * row, 104_729, 89, l)))
+            .collect();
+        let q: Vec<f32> = (0..hd).map(|i| f16r((i as f32 * 0.37).sin())).collect();
+        let qg = q.repeat(group);
+        let mut o = vec![0f32; group * hd];
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            for (kc, vc) in kc.iter().zip(&vc) {
+                for kvh in 0..kv_heads {
+                    attend_group(&qg, hd, n, |j| j * row + kvh * hd, kc, vc, 0.088, &mut o);
+                }
             }
+            let visits = (layers * kv_heads * group * n) as f64;
+            println!(
+                "attend hd {hd} n {n}: {:.1} ns per (head, key)",
+                t.elapsed().as_nanos() as f64 / visits
+            );
         }
-        let visits = (layers * 12 * n) as f64;
-        println!(
-            "attend hd {hd} n {n}: {:.1} ns/key",
-            t.elapsed().as_nanos() as f64 / visits
-        );
     }
 }
