@@ -57,8 +57,8 @@ unsafe fn group_scales(w: *const u8, rows: &super::Rows, b: usize) -> __m256 {
 /// Ask for block `b` of the group after this one (`rows`: this group; `wrows`: the weight
 /// rows whose block to ask for), at the pace the group is read. The hardware prefetchers
 /// alone leave a weight read from DRAM slower than the batch kernels compute (`q0
-/// speed_batches`, AVX2, eight activation rows: the 0.5B's Q8_0 output matrix 14.8 -> 12.0
-/// ms, a Q5_0 [65536x896] 4.90 -> 4.66 ms).
+/// speed_batches`, AVX2, eight activation rows: the 0.5B's Q8_0 output matrix 14.7 -> 12.0
+/// ms, a Q5_0 [65536x896] 4.89 -> 4.66 ms).
 #[inline]
 fn prefetch_next_group(
     w: *const u8,
@@ -354,7 +354,7 @@ macro_rules! x86_kernels {
             /// every row re-read the tile's activations (14 KiB for the 0.5B), more than this
             /// core's first-level cache kept: 2.9 -> 2.4 cycles a (weight row, block,
             /// activation row) step in `q0 speed_tile_kernel`. The group is one stream in
-            /// memory either way.
+            /// memory either way; with `AHEAD` each block asks for the next group's.
             ///
             /// # Safety
             /// As `dot_acts`, whose checks (`Rows::check`, lengths) it relies on.
