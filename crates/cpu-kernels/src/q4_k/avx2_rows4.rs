@@ -93,18 +93,35 @@ macro_rules! group {
     };
 }
 
-/// One half tile's i16 sums against one activation row (`$s`) times the half's scales (`$sc`
-/// bytes into `sc`), added to the row's i32 sums for the half (`$at` bytes into `iblk`).
+/// One half tile's i16 sums against one activation row (`$s`) times the half's scales
+/// (register `$sc`), written to (`first`) or added to (`add`) the row's i32 sums for the half
+/// (`$at` bytes into `iblk`).
 macro_rules! scale {
-    ($s:literal, $sc:literal, $at:literal) => {
+    (first, $s:literal, $sc:literal, $at:literal) => {
         concat!(
             "vpmaddwd {",
             $s,
             "}, {",
             $s,
-            "}, ymmword ptr [{sc} + ",
+            "}, {",
             $sc,
-            "]\n",
+            "}\n",
+            "vmovdqu ymmword ptr [{iblk} + ",
+            $at,
+            "], {",
+            $s,
+            "}\n",
+        )
+    };
+    (add, $s:literal, $sc:literal, $at:literal) => {
+        concat!(
+            "vpmaddwd {",
+            $s,
+            "}, {",
+            $s,
+            "}, {",
+            $sc,
+            "}\n",
             "vpaddd {",
             $s,
             "}, {",
@@ -121,10 +138,79 @@ macro_rules! scale {
     };
 }
 
+/// One sub-block in one `asm!`: `$how` is `first` (write `iblk`) or `add` (add to it).
+macro_rules! sub_block_asm {
+    ($how:ident, $qs:expr, $y:expr, $sc:expr, $iblk:expr) => {
+        asm!(
+            group!(0, 32, 0, 4, first),
+            group!(64, 96, 8, 12, add),
+            group!(128, 160, 16, 20, add),
+            group!(192, 224, 24, 28, add),
+            // The 16 rows' scales as i16 pairs (s_r, s_r), the first half tile's eight rows
+            // in `l1`, the second's in `h0`: both 128-bit lanes hold the 16 bytes, and each
+            // lane's shuffle picks its four rows.
+            "vbroadcasti128 {l0}, xmmword ptr [{sc}]",
+            "vpshufb {l1}, {l0}, ymmword ptr [{dup}]",
+            "vpshufb {h0}, {l0}, ymmword ptr [{dup} + 32]",
+            scale!($how, "s00", "l1", 0),
+            scale!($how, "s01", "h0", 32),
+            scale!($how, "s10", "l1", 64),
+            scale!($how, "s11", "h0", 96),
+            scale!($how, "s20", "l1", 128),
+            scale!($how, "s21", "h0", 160),
+            scale!($how, "s30", "l1", 192),
+            scale!($how, "s31", "h0", 224),
+            qs = in(reg) $qs,
+            y0 = in(reg) $y[0],
+            y1 = in(reg) $y[1],
+            y2 = in(reg) $y[2],
+            y3 = in(reg) $y[3],
+            sc = in(reg) $sc,
+            dup = in(reg) DUP_SCALES.0.as_ptr(),
+            iblk = in(reg) $iblk,
+            mask = in(ymm_reg) _mm256_set1_epi8(0x0f),
+            s00 = out(ymm_reg) _,
+            s01 = out(ymm_reg) _,
+            s10 = out(ymm_reg) _,
+            s11 = out(ymm_reg) _,
+            s20 = out(ymm_reg) _,
+            s21 = out(ymm_reg) _,
+            s30 = out(ymm_reg) _,
+            s31 = out(ymm_reg) _,
+            l0 = out(ymm_reg) _,
+            l1 = out(ymm_reg) _,
+            h0 = out(ymm_reg) _,
+            h1 = out(ymm_reg) _,
+            bl = out(ymm_reg) _,
+            bh = out(ymm_reg) _,
+            p = out(ymm_reg) _,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+/// `vpshufb` controls turning a sub-block's 16 scale bytes (one per weight row, in both
+/// 128-bit lanes) into i16 pairs (s_r, s_r), as `vpmaddwd` multiplies a row's two i16 sums:
+/// rows 0-7 (0-3 from the low lane, 4-7 from the high), then rows 8-15.
+#[repr(C, align(32))]
+struct Shuffles([u8; 64]);
+static DUP_SCALES: Shuffles = {
+    let mut c = [0x80u8; 64];
+    let mut i = 0;
+    while i < 16 {
+        // Control vector i / 8 (half tile), its 16-byte lane (i / 4) % 2, row i's four bytes.
+        let at = (i / 8) * 32 + ((i / 4) % 2) * 16 + (i % 4) * 4;
+        c[at] = i as u8;
+        c[at + 2] = i as u8;
+        i += 1;
+    }
+    Shuffles(c)
+};
+
 /// The i16 sums of one sub-block of both half tiles (16 weight rows x 32 values, at `qs`)
 /// against four activation rows (`y[i]` at row i's 32 activations of the sub-block), times
-/// the half tiles' scales of the sub-block (`sc`: two vectors of i16 pairs, as `vpmaddwd`
-/// multiplies them), added to `iblk` (i32 sums, `[row][half]`).
+/// the sub-block's scales (`sc`: its 16 bytes, one per weight row), written to (`FIRST`) or
+/// added to `iblk` (i32 sums, `[row][half]`).
 ///
 /// Why this shape: on Zen 3 one `vpmaddubsw` of the former kernel (one half tile a pass)
 /// cost 1.19-1.33 cycles, about 0.5 of them outside the products (`speed_tile_kernel` with
@@ -134,63 +220,23 @@ macro_rules! scale {
 /// the mask.
 ///
 /// # Safety
-/// AVX2; `qs` readable for 4 x 64 bytes, each `y[i]` for 32 bytes.
+/// AVX2; `qs` readable for 4 x 64 bytes, each `y[i]` for 32 bytes, `sc` for 16.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn sub_block(
+unsafe fn sub_block<const FIRST: bool>(
     qs: *const u8,
-    y: [*const u8; 4],
-    sc: &[__m256i; 2],
-    iblk: &mut [[__m256i; 2]; 4],
+    y: [*const u8; MT],
+    sc: *const u8,
+    iblk: &mut [[__m256i; 2]; MT],
 ) {
+    let iblk = iblk.as_mut_ptr();
     // SAFETY: the caller's bounds; the block reads memory, writes `iblk` and touches only
     // its operands.
-    asm!(
-        group!(0, 32, 0, 4, first),
-        group!(64, 96, 8, 12, add),
-        group!(128, 160, 16, 20, add),
-        group!(192, 224, 24, 28, add),
-        scale!("s00", 0, 0),
-        scale!("s01", 32, 32),
-        scale!("s10", 0, 64),
-        scale!("s11", 32, 96),
-        scale!("s20", 0, 128),
-        scale!("s21", 32, 160),
-        scale!("s30", 0, 192),
-        scale!("s31", 32, 224),
-        qs = in(reg) qs,
-        y0 = in(reg) y[0],
-        y1 = in(reg) y[1],
-        y2 = in(reg) y[2],
-        y3 = in(reg) y[3],
-        sc = in(reg) sc.as_ptr(),
-        iblk = in(reg) iblk.as_mut_ptr(),
-        mask = in(ymm_reg) _mm256_set1_epi8(0x0f),
-        s00 = out(ymm_reg) _,
-        s01 = out(ymm_reg) _,
-        s10 = out(ymm_reg) _,
-        s11 = out(ymm_reg) _,
-        s20 = out(ymm_reg) _,
-        s21 = out(ymm_reg) _,
-        s30 = out(ymm_reg) _,
-        s31 = out(ymm_reg) _,
-        l0 = out(ymm_reg) _,
-        l1 = out(ymm_reg) _,
-        h0 = out(ymm_reg) _,
-        h1 = out(ymm_reg) _,
-        bl = out(ymm_reg) _,
-        bh = out(ymm_reg) _,
-        p = out(ymm_reg) _,
-        options(nostack, preserves_flags),
-    );
-}
-
-/// The eight u8 at `p` as i16 lanes, each twice: the pairs `vpmaddwd` multiplies.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn dup_i16(p: *const u8) -> __m256i {
-    let x = _mm_loadl_epi64(p as *const __m128i);
-    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(x, x))
+    if FIRST {
+        sub_block_asm!(first, qs, y, sc, iblk);
+    } else {
+        sub_block_asm!(add, qs, y, sc, iblk);
+    }
 }
 
 /// `tiles` (16 weight rows) against the four activation rows `acts`; the same results as
@@ -205,90 +251,124 @@ pub(in crate::q4_k) unsafe fn dot(
     acts: &[&[u8]],
     gemm: [bool; MT],
 ) -> [[f32; TILE_N]; MT] {
-    const M: usize = 4;
+    if gemm.contains(&true) {
+        blocks::<true>(tiles, acts, gemm)
+    } else {
+        blocks::<false>(tiles, acts, gemm)
+    }
+}
+
+/// [`dot`], with `PAIRS` when some row rounds like llama.cpp's gemm (its f32 steps every 64
+/// values); without, every row steps once a block (its gemv: batched decode rows), and the
+/// mins and f32 work run once a block rather than after each pair of sub-blocks.
+///
+/// Why: with the sub-blocks' products at their pace, the per-pair work around them (the
+/// mins, the f32 steps, a branch per row, vectors kept across the `asm!` in stack slots)
+/// was a third of the kernel's instructions (`speed_tile_kernel`, k = 1536, gemv rows 1.07
+/// -> 0.90 cycles a `vpmaddubsw`, gemm 1.20 -> 1.06).
+///
+/// # Safety
+/// As [`dot`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn blocks<const PAIRS: bool>(
+    tiles: &[Tile],
+    acts: &[&[u8]],
+    gemm: [bool; MT],
+) -> [[f32; TILE_N]; MT] {
+    const M: usize = MT;
     debug_assert!(acts.len() == M);
     let mut acc = [[_mm256_setzero_ps(); 2]; M];
     let mut acc_min = [[_mm256_setzero_ps(); 2]; M];
+    let mut iblk = [[_mm256_setzero_si256(); 2]; M];
     for (b, tile) in tiles.iter().enumerate() {
+        // Two tiles ahead, into L2, a fifth of the tile before each sub-block (the last
+        // three asks reach past the tile, into the one after it). Asked for at once at the
+        // tile's start, most of its 37 lines came as if not asked for (`speed_cold_step`,
+        // six alternating runs, medians: four rows 49.6 -> 37.8 ms a step, eight rows 80.7
+        // -> 73.0): a core tracks only so many misses at a time and drops the hints past
+        // them. Into L2: asked for at once, lines into L1 crowded out the ones the tile was
+        // reading.
         let ahead = (tile as *const Tile as *const u8).wrapping_add(PREFETCH_TILES * TILE_BYTES);
         let q: [*const u8; M] = std::array::from_fn(|i| acts[i].as_ptr().add(b * Q8K_BYTES));
         // Each row's eight sub-block sums (two i16 sums of 16 each, added: |sum| <= 4064),
         // as i16 pairs: entry p holds sub-blocks 2p and 2p + 1.
         let mut bsum_pairs = [[0i32; 4]; M];
-        for (i, pairs) in bsum_pairs.iter_mut().enumerate() {
-            let s = _mm256_loadu_si256(q[i].add(Q8K_BSUMS) as *const __m256i);
-            let sums = _mm_hadd_epi16(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            _mm_storeu_si128(pairs.as_mut_ptr() as *mut __m128i, sums);
+        for (q, pairs) in q.iter().zip(&mut bsum_pairs) {
+            let s = _mm256_loadu_si256(q.add(Q8K_BSUMS) as *const __m256i);
+            let s = _mm_hadd_epi16(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            _mm_storeu_si128(pairs.as_mut_ptr() as *mut __m128i, s);
         }
-        // Each half tile's eight `d` and `dmin`, as f32.
-        let half = |v: &[u16; TILE_N], h: usize| {
-            _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(8 * h) as *const __m128i))
-        };
-        let (d, dmin) = (
-            [half(&tile.d, 0), half(&tile.d, 1)],
-            [half(&tile.dmin, 0), half(&tile.dmin, 1)],
-        );
-        let dall: [__m256; M] =
-            std::array::from_fn(|i| _mm256_set1_ps(std::ptr::read_unaligned(q[i] as *const f32)));
-        // The products llama.cpp forms at every step (the same floats each time). Plain
-        // loops: `array::map` is not inlined here (its closure's target features), and the
-        // call passed every vector through memory (1.4% of the 1.5B's batch-8 step).
-        let mut d_all = [[_mm256_setzero_ps(); 2]; M];
-        let mut dmin_all = [[_mm256_setzero_ps(); 2]; M];
-        for i in 0..M {
-            for h in 0..2 {
-                d_all[i][h] = _mm256_mul_ps(d[h], dall[i]);
-                dmin_all[i][h] = _mm256_mul_ps(dmin[h], dall[i]);
-            }
-        }
-        let mut iblk = [[_mm256_setzero_si256(); 2]; M];
-        let mut imin = [[_mm256_setzero_si256(); 2]; M];
+        // Under `PAIRS`, a gemv row's integer sums of the pairs before the last (exact in
+        // any order) wait here for its one step a block.
+        let mut carry = [[_mm256_setzero_si256(); 2]; M];
+        let mut carry_min = [[_mm256_setzero_si256(); 2]; M];
         for p in 0..4 {
-            // A quarter of the tile ahead before each pair of sub-blocks, into L2. Asked for
-            // at once at the tile's start, most of its 37 lines came as if not asked for
-            // (`speed_cold_step`, six alternating runs, medians: four rows 49.6 -> 37.8 ms a
-            // step, eight rows 80.7 -> 73.0): a core tracks only so many misses at a time
-            // and drops the hints past them. Into L2 (asked for at once, lines into L1
-            // crowded out the ones the tile was reading; spread, T0 and T1 measure alike).
-            for line in p * 10..(p * 10 + 10).min(TILE_BYTES / 64) {
-                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * line) as *const i8);
-            }
             for sub in [2 * p, 2 * p + 1] {
-                let y = std::array::from_fn(|i| q[i].add(4 + 32 * sub));
-                let sc = [0, 1].map(|h| dup_i16(tile.sc[sub].as_ptr().add(8 * h)));
-                sub_block(
-                    tile.qs.as_ptr().add(sub * 4 * TILE_N * 4),
-                    y,
-                    &sc,
-                    &mut iblk,
-                );
-            }
-            for h in 0..2 {
-                // The pair's mins per row as i16 pairs (m_2p, m_2p+1): one `vpmaddwd` with
-                // the pair's activation sums is m_2p * s_2p + m_2p+1 * s_2p+1, the integer
-                // the sub-block steps add.
-                let mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
-                    _mm_loadl_epi64(tile.mn[2 * p].as_ptr().add(8 * h) as *const __m128i),
-                    _mm_loadl_epi64(tile.mn[2 * p + 1].as_ptr().add(8 * h) as *const __m128i),
-                ));
-                for (imin, pairs) in imin.iter_mut().zip(&bsum_pairs) {
-                    let s = _mm256_set1_epi32(pairs[p]);
-                    imin[h] = _mm256_add_epi32(imin[h], _mm256_madd_epi16(mn, s));
+                for line in 0..5 {
+                    let at = ahead.wrapping_add(320 * sub + 64 * line);
+                    _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
+                }
+                let qs = tile.qs.as_ptr().add(sub * 4 * TILE_N * 4);
+                let sc = tile.sc[sub].as_ptr();
+                let y: [*const u8; M] = std::array::from_fn(|i| q[i].add(4 + 32 * sub));
+                if sub == 2 * p && (PAIRS || p == 0) {
+                    sub_block::<true>(qs, y, sc, &mut iblk);
+                } else {
+                    sub_block::<false>(qs, y, sc, &mut iblk);
                 }
             }
-            // llama.cpp's gemm rows add every 64 values, its gemv rows every block.
+            if !PAIRS && p != 3 {
+                continue;
+            }
+            // Each half tile's eight `d` and `dmin`, as f32.
+            let half = |v: &[u16; TILE_N], h: usize| {
+                _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(8 * h) as *const __m128i))
+            };
+            let (d, dmin) = (
+                [half(&tile.d, 0), half(&tile.d, 1)],
+                [half(&tile.dmin, 0), half(&tile.dmin, 1)],
+            );
+            // The pairs' mins as i16 pairs (m_2p, m_2p+1) per half tile: one `vpmaddwd`
+            // with a row's pair of activation sums is m_2p * s_2p + m_2p+1 * s_2p+1, the
+            // integer the sub-block steps add.
+            let pairs = if PAIRS { p..p + 1 } else { 0..4 };
+            let mut mins = [[_mm256_setzero_si256(); 2]; 4];
+            for pair in pairs.clone() {
+                for (h, mins) in mins[pair].iter_mut().enumerate() {
+                    let at = |sub: usize| tile.mn[sub].as_ptr().add(8 * h) as *const __m128i;
+                    *mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
+                        _mm_loadl_epi64(at(2 * pair)),
+                        _mm_loadl_epi64(at(2 * pair + 1)),
+                    ));
+                }
+            }
             for i in 0..M {
-                if !gemm[i] && p != 3 {
-                    continue;
+                let mut imin = [_mm256_setzero_si256(); 2];
+                for pair in pairs.clone() {
+                    let s = _mm256_set1_epi32(bsum_pairs[i][pair]);
+                    for (imin, mins) in imin.iter_mut().zip(&mins[pair]) {
+                        *imin = _mm256_add_epi32(*imin, _mm256_madd_epi16(*mins, s));
+                    }
                 }
+                let mut isum = iblk[i];
+                if PAIRS && !gemm[i] {
+                    for h in 0..2 {
+                        carry[i][h] = _mm256_add_epi32(carry[i][h], isum[h]);
+                        carry_min[i][h] = _mm256_add_epi32(carry_min[i][h], imin[h]);
+                    }
+                    if p != 3 {
+                        continue;
+                    }
+                    (isum, imin) = (carry[i], carry_min[i]);
+                }
+                let dall = _mm256_set1_ps(std::ptr::read_unaligned(q[i] as *const f32));
                 for h in 0..2 {
-                    let (d, dmin) = (d_all[i][h], dmin_all[i][h]);
-                    acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iblk[i][h]), d, acc[i][h]);
+                    // The products llama.cpp forms at every step (the same floats each time).
+                    let (d, dmin) = (_mm256_mul_ps(d[h], dall), _mm256_mul_ps(dmin[h], dall));
+                    acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h]), d, acc[i][h]);
                     acc_min[i][h] =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[i][h]), dmin, acc_min[i][h]);
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[h]), dmin, acc_min[i][h]);
                 }
-                iblk[i] = [_mm256_setzero_si256(); 2];
-                imin[i] = [_mm256_setzero_si256(); 2];
             }
         }
     }

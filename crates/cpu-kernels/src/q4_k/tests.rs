@@ -83,6 +83,11 @@ fn rows_round_by_their_sequence_group_of_four() {
         assert!(mixed[..5 * n] == five[..]);
         assert!(mixed[5 * n..6 * n] == run(&w, kernel, &part(5, 1))[..]);
         assert!(mixed[6 * n..] == run(&w, kernel, &part(6, 3))[..]);
+        // Sequences of 1, 4 and 4: the first group of four holds a row of each rounding.
+        let mixed = run_seqs(&w, kernel, &x, &[1, 4, 4]);
+        assert!(mixed[..n] == run(&w, kernel, &part(0, 1))[..]);
+        assert!(mixed[n..5 * n] == run(&w, kernel, &part(1, 4))[..]);
+        assert!(mixed[5 * n..] == run(&w, kernel, &part(5, 4))[..]);
         // Rows on their own (no grouping given) all round like a single row.
         let q = Q4kMatmul::with_kernel(&w, kernel).unwrap();
         let alone = q.forward(&part(0, 4), None).unwrap();
