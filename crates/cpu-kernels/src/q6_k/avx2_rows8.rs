@@ -12,6 +12,9 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
+// The offsets the `asm!` spells out.
+const _: () = assert!(super::Q6K_SCALES == 192 && super::Q8K_BSUMS == 260);
+
 /// Per chunk c, the `vpshufb` indices that spread scales 2c (lanes 0-7) and 2c + 1 (8-15).
 static SCALE_IDX: [[u8; 16]; 8] = {
     let mut t = [[0u8; 16]; 8];
@@ -31,7 +34,7 @@ static SCALE_IDX: [[u8; 16]; 8] = {
 /// right by `$lo_sr`), its two high bits from `$hi` (shifted by `$hi_shift`), against row
 /// `i`'s activations `4 + 32 * $c` bytes into its Q8_K block.
 macro_rules! chunk {
-    ($c:literal, $lo:literal, $lo_sr:literal, $hi:literal, $hi_shift:literal) => {
+    ($how:ident, $c:literal, $lo:literal, $lo_sr:literal, $hi:literal, $hi_shift:literal) => {
         concat!(
             "vmovdqu {v}, ymmword ptr [{blk} + ",
             $lo,
@@ -48,20 +51,30 @@ macro_rules! chunk {
             $c,
             "]\n",
             "vpmovsxbw {sc}, {sc:x}\n",
-            row!($c, "y0", "s0"),
-            row!($c, "y1", "s1"),
-            row!($c, "y2", "s2"),
-            row!($c, "y3", "s3"),
-            row!($c, "y4", "s4"),
-            row!($c, "y5", "s5"),
-            row!($c, "y6", "s6"),
-            row!($c, "y7", "s7"),
+            row!($how, $c, "y0", "s0"),
+            row!($how, $c, "y1", "s1"),
+            row!($how, $c, "y2", "s2"),
+            row!($how, $c, "y3", "s3"),
+            row!($how, $c, "y4", "s4"),
+            row!($how, $c, "y5", "s5"),
+            row!($how, $c, "y6", "s6"),
+            row!($how, $c, "y7", "s7"),
         )
     };
 }
 
 macro_rules! row {
-    ($c:literal, $y:literal, $s:literal) => {
+    (first, $c:literal, $y:literal, $s:literal) => {
+        concat!(
+            "vpmaddubsw {t}, {v}, ymmword ptr [{",
+            $y,
+            "} + 4]\n",
+            "vpmaddwd {",
+            $s,
+            "}, {t}, {sc}\n",
+        )
+    };
+    (add, $c:literal, $y:literal, $s:literal) => {
         concat!(
             "vpmaddubsw {t}, {v}, ymmword ptr [{",
             $y,
@@ -78,34 +91,88 @@ macro_rules! row {
     };
 }
 
-/// One Q6_K block (`blk`, its scales as 16 i8 in `scales`) against the Q8_K blocks `y` of
-/// eight activation rows: each row's eight i32 lanes before `q8sclsub` (lane l: positions
-/// 4l..4l+4 of every chunk, times their scales), as the intrinsics kernel's `sumi`.
+/// Row `$y`'s step after the block's chunks (its lanes in `$s`, the block's scales as i16
+/// in `sc`, `d_w` broadcast in `v`): `lanes - 32 * madd(bsums, scales)` (llama.cpp's
+/// `q8sclsub`) as f32, then `acc = fma(d_y * d_w, lanes, acc)` at `$at` bytes into `acc`.
+macro_rules! step {
+    ($y:literal, $s:literal, $at:literal) => {
+        concat!(
+            "vpmaddwd {t}, {sc}, ymmword ptr [{",
+            $y,
+            "} + 260]\n",
+            "vpslld {t}, {t}, 5\n",
+            "vpsubd {",
+            $s,
+            "}, {",
+            $s,
+            "}, {t}\n",
+            "vcvtdq2ps {",
+            $s,
+            "}, {",
+            $s,
+            "}\n",
+            "vbroadcastss {t}, dword ptr [{",
+            $y,
+            "}]\n",
+            "vmulps {t}, {t}, {v}\n",
+            "vfmadd213ps {",
+            $s,
+            "}, {t}, ymmword ptr [{acc} + ",
+            $at,
+            "]\n",
+            "vmovups ymmword ptr [{acc} + ",
+            $at,
+            "], {",
+            $s,
+            "}\n",
+        )
+    };
+}
+
+/// One Q6_K block (`blk`) of one weight row against the Q8_K blocks `y` of eight activation
+/// rows, added to the rows' f32 lanes (`acc[a]` for row a, `ROW_STRIDE` bytes apart): the
+/// intrinsics kernel's `sumi` (lane l: positions 4l..4l+4 of every chunk, times their
+/// scales) and its `add_block` step, the same integers and floats.
+///
+/// Why the step in here too: after the chunks ran at their pace, the eight rows' steps as
+/// intrinsics (sums and accumulators through stack slots around the `asm!`, a call's
+/// `array::map`) took a third of the kernel's time (`speed_tile_kernel`: 1.72-1.84 cycles
+/// a (row, chunk) against the chunks' own 1.17 in a register-only loop).
 ///
 /// # Safety
-/// AVX2; `blk` readable for a whole Q6_K block, each `y[i]` for a whole Q8_K block.
+/// AVX2 and FMA; `blk` readable for a whole Q6_K block, each `y[i]` for a whole Q8_K block,
+/// `acc` readable and writable for eight vectors `ROW_STRIDE` bytes apart.
 #[inline]
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn block_sums(
-    blk: *const u8,
-    scales: __m128i,
-    y: [*const u8; 8],
-) -> [__m256i; 8] {
-    let mut s = [_mm256_setzero_si256(); 8];
-    let scales = _mm256_castsi128_si256(scales);
-    // SAFETY: the caller's bounds; the block reads memory and touches only its operands.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn block_step(blk: *const u8, y: [*const u8; 8], dw: f32, acc: *mut __m256) {
+    let dw = [dw];
+    // SAFETY: the caller's bounds; the block reads memory, writes `acc` and touches only
+    // its operands.
     asm!(
+        "vmovdqu {scales:x}, xmmword ptr [{blk} + 192]",
         // Values 0..128 (ql bytes 0..64, qh bytes 128..160), then 128..256 (64..128, 160..192).
-        chunk!(0, 0, "", 128, "vpsllw {hi}, {hi}, 4\n"),
-        chunk!(1, 32, "", 128, "vpsllw {hi}, {hi}, 2\n"),
-        chunk!(2, 0, "vpsrlw {v}, {v}, 4\n", 128, ""),
-        chunk!(3, 32, "vpsrlw {v}, {v}, 4\n", 128, "vpsrlw {hi}, {hi}, 2\n"),
-        chunk!(4, 64, "", 160, "vpsllw {hi}, {hi}, 4\n"),
-        chunk!(5, 96, "", 160, "vpsllw {hi}, {hi}, 2\n"),
-        chunk!(6, 64, "vpsrlw {v}, {v}, 4\n", 160, ""),
-        chunk!(7, 96, "vpsrlw {v}, {v}, 4\n", 160, "vpsrlw {hi}, {hi}, 2\n"),
+        chunk!(first, 0, 0, "", 128, "vpsllw {hi}, {hi}, 4\n"),
+        chunk!(add, 1, 32, "", 128, "vpsllw {hi}, {hi}, 2\n"),
+        chunk!(add, 2, 0, "vpsrlw {v}, {v}, 4\n", 128, ""),
+        chunk!(add, 3, 32, "vpsrlw {v}, {v}, 4\n", 128, "vpsrlw {hi}, {hi}, 2\n"),
+        chunk!(add, 4, 64, "", 160, "vpsllw {hi}, {hi}, 4\n"),
+        chunk!(add, 5, 96, "", 160, "vpsllw {hi}, {hi}, 2\n"),
+        chunk!(add, 6, 64, "vpsrlw {v}, {v}, 4\n", 160, ""),
+        chunk!(add, 7, 96, "vpsrlw {v}, {v}, 4\n", 160, "vpsrlw {hi}, {hi}, 2\n"),
+        "vpmovsxbw {sc}, {scales:x}",
+        "vbroadcastss {v}, dword ptr [{dw}]",
+        step!("y0", "s0", 0),
+        step!("y1", "s1", 256),
+        step!("y2", "s2", 512),
+        step!("y3", "s3", 768),
+        step!("y4", "s4", 1024),
+        step!("y5", "s5", 1280),
+        step!("y6", "s6", 1536),
+        step!("y7", "s7", 1792),
         blk = in(reg) blk,
         idx = in(reg) SCALE_IDX.as_ptr(),
+        dw = in(reg) dw.as_ptr(),
+        acc = in(reg) acc,
         y0 = in(reg) y[0],
         y1 = in(reg) y[1],
         y2 = in(reg) y[2],
@@ -114,22 +181,24 @@ pub(super) unsafe fn block_sums(
         y5 = in(reg) y[5],
         y6 = in(reg) y[6],
         y7 = in(reg) y[7],
-        scales = in(ymm_reg) scales,
+        scales = out(ymm_reg) _,
         m4 = in(ymm_reg) _mm256_set1_epi8(0x0f),
         m30 = in(ymm_reg) _mm256_set1_epi8(0x30),
-        s0 = inout(ymm_reg) s[0],
-        s1 = inout(ymm_reg) s[1],
-        s2 = inout(ymm_reg) s[2],
-        s3 = inout(ymm_reg) s[3],
-        s4 = inout(ymm_reg) s[4],
-        s5 = inout(ymm_reg) s[5],
-        s6 = inout(ymm_reg) s[6],
-        s7 = inout(ymm_reg) s[7],
+        s0 = out(ymm_reg) _,
+        s1 = out(ymm_reg) _,
+        s2 = out(ymm_reg) _,
+        s3 = out(ymm_reg) _,
+        s4 = out(ymm_reg) _,
+        s5 = out(ymm_reg) _,
+        s6 = out(ymm_reg) _,
+        s7 = out(ymm_reg) _,
         v = out(ymm_reg) _,
         hi = out(ymm_reg) _,
         sc = out(ymm_reg) _,
         t = out(ymm_reg) _,
-        options(nostack, readonly, preserves_flags),
+        options(nostack, preserves_flags),
     );
-    s
 }
+
+/// Bytes between one activation row's accumulator for a weight row and the next row's.
+pub(super) const ROW_STRIDE: usize = 256;

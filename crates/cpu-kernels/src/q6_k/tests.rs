@@ -215,3 +215,40 @@ fn speed_cold_step() {
         }
     }
 }
+
+/// The AVX2 eight-decode-row kernel alone on eight weight rows that stay in L1 (k = 1536:
+/// 8 x 1260 bytes) against eight activation rows: cycles per (activation row, 32-value
+/// chunk), one `vpmaddubsw` and one `vpmaddwd` each, at `CPU_GHZ` (default 3.2).
+/// `cargo test --release -p tokenrouter-cpu-kernels --lib q6_k::tests::speed_tile_kernel -- --exact --ignored --nocapture`
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn speed_tile_kernel() {
+    if !Kernel::Avx2.available() {
+        return;
+    }
+    let ghz = crate::test_util::cpu_ghz();
+    let k = 1536;
+    let kb = k / QK_K;
+    let w = q6k_weight(ROWS, k, 1);
+    let w = weight_bytes(&w);
+    let ws: [&[u8]; ROWS] =
+        std::array::from_fn(|r| &w[r * kb * Q6K_BYTES..(r + 1) * kb * Q6K_BYTES]);
+    let lhs = crate::act_quant::quantize_rows_q8k(&values(8 * k, 2), k);
+    let lhs = as_bytes(&lhs);
+    let qs: [&[u8]; 8] =
+        std::array::from_fn(|a| &lhs[a * kb * Q8K_BYTES..(a + 1) * kb * Q8K_BYTES]);
+    let reps = 100_000 / kb;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t0 = std::time::Instant::now();
+        for _ in 0..reps {
+            // SAFETY: the CPU runs AVX2 (checked above).
+            let out = unsafe { x86::avx2::dot::<false, 8>(&ws, qs) };
+            std::hint::black_box(out);
+        }
+        best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+    }
+    let steps = (ROWS * 8 * kb * 8) as f64;
+    println!("{:.3} cycles per (row, chunk)", best * ghz * 1e9 / steps);
+}

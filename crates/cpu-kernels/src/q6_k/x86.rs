@@ -1,6 +1,7 @@
 //! The x86 Q6_K kernels: 512-bit (AVX512-VNNI, several activation rows per unpacked weight
 //! block) and 256-bit (AVX2), both with several activation rows per unpacked weight block and llama.cpp's per-lane arithmetic (see `dot_scalar`).
 
+use super::ROWS;
 use std::arch::x86_64::*;
 
 /// One Q6_K block's eight i32 `lanes` (lane l: positions 4l..4l+4 of every chunk, scaled) for
@@ -35,6 +36,44 @@ unsafe fn add_block<const TILED: bool>(
     }
 }
 
+/// A Q6_K block's scale `d` (f16) as f32.
+///
+/// # Safety
+/// The CPU must support F16C; `blk` must point at a whole Q6_K block.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn dw(blk: *const u8) -> f32 {
+    let bits = std::ptr::read_unaligned(blk.add(super::Q6K_D) as *const i16);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(bits)))
+}
+
+/// Every (activation row, weight row) pair's eight f32 lanes summed in llama.cpp's order,
+/// `((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))` (`hsum8`), four weight rows at a time:
+/// `hadd` of the halves' sums reordered `[r0, r2, r1, r3]` gives `r0 + r2` and `r1 + r3`,
+/// a second `hadd` their sum (the same additions; 6% of the eight-row kernel on a short row
+/// was the scalar sums).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn hsums<const A: usize>(acc: &[[__m256; ROWS]; A]) -> [[f32; ROWS]; A] {
+    let mut out = [[0f32; ROWS]; A];
+    for (out, acc) in out.iter_mut().zip(acc) {
+        let pairs: [__m128; ROWS] = std::array::from_fn(|r| {
+            let v = acc[r];
+            let h = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+            _mm_shuffle_ps::<0b11_01_10_00>(h, h)
+        });
+        for q in 0..ROWS / 4 {
+            let p = &pairs[4 * q..4 * q + 4];
+            let sums = _mm_hadd_ps(_mm_hadd_ps(p[0], p[1]), _mm_hadd_ps(p[2], p[3]));
+            _mm_storeu_ps(out.as_mut_ptr().add(4 * q), sums);
+        }
+    }
+    out
+}
+
 /// How far ahead of the block being read the eight-decode-row AVX2 kernel asks for the
 /// weights (32 blocks, 6.7 KB: its rows lie one after another, so this is one stream), a
 /// block's worth of lines a block. `speed_cold_step` (the 1.5B's Q6_K matrices, eight rows,
@@ -43,7 +82,7 @@ unsafe fn add_block<const TILED: bool>(
 const PREFETCH_BYTES: usize = 32 * super::Q6K_BYTES;
 
 pub(super) mod avx512 {
-    use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
+    use super::super::{Q6K_BYTES, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
     use std::arch::x86_64::*;
 
     /// Eight weight rows against the Q8_K blocks of `A` activation rows `qs` (each weight
@@ -108,9 +147,7 @@ pub(super) mod avx512 {
                     ))
                 });
                 let sc16 = _mm256_cvtepi8_epi16(scales);
-                let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(
-                    blk.add(Q6K_D) as *const i16,
-                ))));
+                let dw = super::dw(blk);
                 for a in 0..A {
                     let y = ys[a];
                     let mut sumi = _mm512_setzero_si512();
@@ -131,12 +168,12 @@ pub(super) mod avx512 {
         if TILED {
             return tacc;
         }
-        acc.map(|row| row.map(|a| super::super::hsum8(std::mem::transmute::<__m256, [f32; 8]>(a))))
+        super::hsums(&acc)
     }
 }
 
 pub(super) mod avx2 {
-    use super::super::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
+    use super::super::{Q6K_BYTES, Q6K_QH, Q6K_SCALES, Q8K_BYTES, ROWS};
     use super::PREFETCH_BYTES;
     use std::arch::x86_64::*;
 
@@ -174,25 +211,28 @@ pub(super) mod avx2 {
             for b in 0..kb {
                 let ys: [*const u8; A] = std::array::from_fn(|a| qs[a].as_ptr().add(b * Q8K_BYTES));
                 let blk = wp[r].add(b * Q6K_BYTES);
-                let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
-                let mut sumi = [_mm256_setzero_si256(); A];
                 if A == 8 && !TILED {
                     let ahead = blk.wrapping_add(PREFETCH_BYTES);
                     for line in 0..4 {
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
                     }
-                    // Eight decode rows: the same integers from a spill-free `asm!` run
-                    // (`q6_k speed`, eight decode rows, alternating runs: [1536x8960]
-                    // 0.88-0.89 -> 0.83-0.88 ms, [8960x1536] 0.93-0.94 -> 0.88-0.92,
-                    // [151936x1536] 20.6-20.7 -> 19.1-19.7). The tiled rounding's eight rows
-                    // of one sequence stay below (through it: 0.95 -> 1.13 ms, slower).
-                    let s = super::super::avx2_rows8::block_sums(
+                    // Eight decode rows: the same integers and floats from one spill-free
+                    // `asm!` run (`avx2_rows8`). The tiled rounding's eight rows of one
+                    // sequence stay below (through the integer run: 0.95 -> 1.13 ms in `q6_k
+                    // speed`, slower).
+                    let acc = (acc.as_mut_ptr() as *mut __m256).add(r);
+                    const _: () = assert!(super::super::avx2_rows8::ROW_STRIDE == 32 * ROWS);
+                    super::super::avx2_rows8::block_step(
                         blk,
-                        scales,
                         std::array::from_fn(|a| ys[a]),
+                        super::dw(blk),
+                        acc,
                     );
-                    sumi.copy_from_slice(&s);
-                } else {
+                    continue;
+                }
+                let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
+                let mut sumi = [_mm256_setzero_si256(); A];
+                {
                     for j in 0..2 {
                         // Each chunk loads its bytes again (from L1): kept in registers across
                         // the chunks, the three loads and the A sums outgrow the 16 registers
@@ -245,9 +285,6 @@ pub(super) mod avx2 {
                         }
                     }
                 }
-                let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(
-                    blk.add(Q6K_D) as *const i16,
-                ))));
                 let sc16 = _mm256_cvtepi8_epi16(scales);
                 for a in 0..A {
                     let y = ys[a];
@@ -255,7 +292,7 @@ pub(super) mod avx2 {
                         sumi[a],
                         y,
                         sc16,
-                        dw,
+                        super::dw(blk),
                         &mut tacc[a][r],
                         &mut acc[a][r],
                     );
@@ -265,6 +302,6 @@ pub(super) mod avx2 {
         if TILED {
             return tacc;
         }
-        acc.map(|row| row.map(|a| super::super::hsum8(std::mem::transmute::<__m256, [f32; 8]>(a))))
+        super::hsums(&acc)
     }
 }
