@@ -1,5 +1,5 @@
-//! The integer part of the AVX2 Q6_K kernel for eight activation rows (a batch of eight
-//! decode rows), written out in `asm!`.
+//! The AVX2 Q6_K kernel's block for eight activation rows (a batch of eight decode rows),
+//! its integers and each row's f32 step, written out in `asm!`.
 //!
 //! Why by hand: for eight rows the compiler kept the eight i32 sums, the unpacked chunk, its
 //! scales and the masks in the 16 registers only by spilling some of the sums, a store and a
@@ -7,7 +7,8 @@
 //! registers (eight sums, two masks, the block's scales, the chunk, its high bits, its
 //! scales and one product: 15). The integers are the intrinsics kernel's (llama.cpp's):
 //! per 32-value chunk `vpmaddubsw` of the stored values with the activations, `vpmaddwd`
-//! with the chunk's two 16-value scales, added to the row's lanes.
+//! with the chunk's two 16-value scales, added to the row's lanes; then per row the
+//! `q8sclsub` correction and `acc = fma(d_y * d_w, lanes, acc)`, as `add_block` does.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
