@@ -97,7 +97,7 @@ macro_rules! group {
 /// (register `$sc`), written to (`first`) or added to (`add`) the row's i32 sums for the half
 /// (`$at` bytes into `iblk`).
 macro_rules! scale {
-    (first, $s:literal, $sc:literal, $at:literal) => {
+    ($how:ident, $s:literal, $sc:literal, $at:literal) => {
         concat!(
             "vpmaddwd {",
             $s,
@@ -106,6 +106,7 @@ macro_rules! scale {
             "}, {",
             $sc,
             "}\n",
+            add_sums!($how, $s, $at),
             "vmovdqu ymmword ptr [{iblk} + ",
             $at,
             "], {",
@@ -113,27 +114,22 @@ macro_rules! scale {
             "}\n",
         )
     };
-    (add, $s:literal, $sc:literal, $at:literal) => {
+}
+
+/// For `add`: the row's i32 sums so far (`$at` bytes into `iblk`) added to `$s`.
+macro_rules! add_sums {
+    (first, $s:literal, $at:literal) => {
+        ""
+    };
+    (add, $s:literal, $at:literal) => {
         concat!(
-            "vpmaddwd {",
-            $s,
-            "}, {",
-            $s,
-            "}, {",
-            $sc,
-            "}\n",
             "vpaddd {",
             $s,
             "}, {",
             $s,
             "}, ymmword ptr [{iblk} + ",
             $at,
-            "]\n",
-            "vmovdqu ymmword ptr [{iblk} + ",
-            $at,
-            "], {",
-            $s,
-            "}\n",
+            "]\n"
         )
     };
 }
