@@ -232,56 +232,52 @@ pub(super) mod avx2 {
                 }
                 let scales = _mm_loadu_si128(blk.add(Q6K_SCALES) as *const __m128i);
                 let mut sumi = [_mm256_setzero_si256(); A];
-                {
-                    for j in 0..2 {
-                        // Each chunk loads its bytes again (from L1): kept in registers across
-                        // the chunks, the three loads and the A sums outgrow the 16 registers
-                        // for eight rows and spill. (An `asm!` load, so they are not merged. The
-                        // tiled rounding's scalar sums schedule better with one load each: `q6_k
-                        // speed`, eight rows of one sequence, 1.11 ms against 1.28-1.38.)
-                        let load = |at: usize| {
-                            if TILED {
-                                return _mm256_loadu_si256(blk.add(at) as *const __m256i);
-                            }
-                            let v: __m256i;
-                            std::arch::asm!(
-                                "vmovdqu {v}, ymmword ptr [{p}]",
-                                v = out(ymm_reg) v,
-                                p = in(reg) blk.add(at),
-                                options(readonly, nostack, preserves_flags),
-                            );
-                            v
+                for j in 0..2 {
+                    // Each chunk loads its bytes again (from L1): kept in registers across
+                    // the chunks, the three loads and the A sums outgrow the 16 registers
+                    // for eight rows and spill. (An `asm!` load, so they are not merged. The
+                    // tiled rounding's scalar sums schedule better with one load each: `q6_k
+                    // speed`, eight rows of one sequence, 1.11 ms against 1.28-1.38.)
+                    let load = |at: usize| {
+                        if TILED {
+                            return _mm256_loadu_si256(blk.add(at) as *const __m256i);
+                        }
+                        let v: __m256i;
+                        std::arch::asm!(
+                            "vmovdqu {v}, ymmword ptr [{p}]",
+                            v = out(ymm_reg) v,
+                            p = in(reg) blk.add(at),
+                            options(readonly, nostack, preserves_flags),
+                        );
+                        v
+                    };
+                    let (ql0, ql1, qh) = (64 * j, 64 * j + 32, Q6K_QH + 32 * j);
+                    for i in 0..4 {
+                        let (lo, hi) = match i {
+                            0 => (load(ql0), _mm256_slli_epi16(load(qh), 4)),
+                            1 => (load(ql1), _mm256_slli_epi16(load(qh), 2)),
+                            2 => (_mm256_srli_epi16(load(ql0), 4), load(qh)),
+                            _ => (
+                                _mm256_srli_epi16(load(ql1), 4),
+                                _mm256_srli_epi16(load(qh), 2),
+                            ),
                         };
-                        let (ql0, ql1, qh) = (64 * j, 64 * j + 32, Q6K_QH + 32 * j);
-                        for i in 0..4 {
-                            let (lo, hi) = match i {
-                                0 => (load(ql0), _mm256_slli_epi16(load(qh), 4)),
-                                1 => (load(ql1), _mm256_slli_epi16(load(qh), 2)),
-                                2 => (_mm256_srli_epi16(load(ql0), 4), load(qh)),
-                                _ => (
-                                    _mm256_srli_epi16(load(ql1), 4),
-                                    _mm256_srli_epi16(load(qh), 2),
-                                ),
-                            };
-                            // Chunk c: values 32c..32c+32, the 16-value halves taking scales
-                            // 2c and 2c + 1.
-                            let c = 4 * j + i;
-                            let v = _mm256_or_si256(
-                                _mm256_and_si256(lo, m4),
-                                _mm256_and_si256(hi, m30),
-                            );
-                            let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                                scales,
-                                _mm_add_epi8(
-                                    _mm_set1_epi8(2 * c as i8),
-                                    _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                ),
-                            ));
-                            for a in 0..A {
-                                let y = _mm256_loadu_si256(ys[a].add(4 + 32 * c) as *const _);
-                                let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(v, y));
-                                sumi[a] = _mm256_add_epi32(sumi[a], p);
-                            }
+                        // Chunk c: values 32c..32c+32, the 16-value halves taking scales
+                        // 2c and 2c + 1.
+                        let c = 4 * j + i;
+                        let v =
+                            _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30));
+                        let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                            scales,
+                            _mm_add_epi8(
+                                _mm_set1_epi8(2 * c as i8),
+                                _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                            ),
+                        ));
+                        for a in 0..A {
+                            let y = _mm256_loadu_si256(ys[a].add(4 + 32 * c) as *const _);
+                            let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(v, y));
+                            sumi[a] = _mm256_add_epi32(sumi[a], p);
                         }
                     }
                 }
