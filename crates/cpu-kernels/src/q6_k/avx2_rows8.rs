@@ -92,8 +92,8 @@ macro_rules! row {
     };
 }
 
-/// Row `$y`'s step after the block's chunks (its lanes in `$s`, the block's scales as i16
-/// in `sc`, `d_w` broadcast in `v`): `lanes - 32 * madd(bsums, scales)` (llama.cpp's
+/// Row `$y`'s step after the block's chunks (its lanes in `$s`, the block's scales times 32
+/// as i16 in `sc`, `d_w` broadcast in `v`): `lanes - madd(bsums, 32 * scales)` (llama.cpp's
 /// `q8sclsub`) as f32, then `acc = fma(d_y * d_w, lanes, acc)` at `$at` bytes into `acc`.
 macro_rules! step {
     ($y:literal, $s:literal, $at:literal) => {
@@ -101,7 +101,6 @@ macro_rules! step {
             "vpmaddwd {t}, {sc}, ymmword ptr [{",
             $y,
             "} + 260]\n",
-            "vpslld {t}, {t}, 5\n",
             "vpsubd {",
             $s,
             "}, {",
@@ -160,7 +159,10 @@ pub(super) unsafe fn block_step(blk: *const u8, y: [*const u8; 8], dw: f32, acc:
         chunk!(add, 5, 96, "", 160, "vpsllw {hi}, {hi}, 2\n"),
         chunk!(add, 6, 64, "vpsrlw {v}, {v}, 4\n", 160, ""),
         chunk!(add, 7, 96, "vpsrlw {v}, {v}, 4\n", 160, "vpsrlw {hi}, {hi}, 2\n"),
+        // The scales times 32 (|32 * sc| <= 4096 fits i16): `madd(bsums, 32 * sc)` is
+        // `32 * madd(bsums, sc)`, the same i32 (|bsum| <= 2032, no overflow either way).
         "vpmovsxbw {sc}, {scales:x}",
+        "vpsllw {sc}, {sc}, 5",
         "vbroadcastss {v}, dword ptr [{dw}]",
         step!("y0", "s0", 0),
         step!("y1", "s1", 256),
