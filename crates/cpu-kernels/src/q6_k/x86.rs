@@ -282,13 +282,14 @@ pub(super) mod avx2 {
                     }
                 }
                 let sc16 = _mm256_cvtepi8_epi16(scales);
+                let dw = super::dw(blk);
                 for a in 0..A {
                     let y = ys[a];
                     super::add_block::<TILED>(
                         sumi[a],
                         y,
                         sc16,
-                        super::dw(blk),
+                        dw,
                         &mut tacc[a][r],
                         &mut acc[a][r],
                     );
