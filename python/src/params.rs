@@ -135,6 +135,7 @@ impl Params {
             pinned_model,
             top_logprobs: 0,
             routing: self.routing.clone(),
+            prompt_logprobs: None,
         }
     }
 

@@ -103,6 +103,8 @@ impl Stream {
                 Err(e) => Poll::Failed(e.to_string()),
             },
             Ok(Some(GenerateEvent::Error(message))) => Poll::Failed(message),
+            // This binding never asks for prompt scores.
+            Ok(Some(GenerateEvent::Prompt(_))) => return Poll::Pending,
             // The engine went away (shut down) without finishing the request.
             Ok(None) => match live.decoder.finish(decode) {
                 Ok((delta, _)) => Poll::Chunk(delta, Some("abort")),

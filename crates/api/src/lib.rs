@@ -191,6 +191,14 @@ pub struct GenerateRequest {
     /// the engine against what the serving policies accept.
     #[serde(default)]
     pub routing: RoutingOverrides,
+    /// Score the prompt (`echo` with `logprobs`, lm-eval's log-likelihood requests): the
+    /// log-probability of every prompt token after the first under the model that reads
+    /// the prompt, with this many top alternatives each, sent as one
+    /// [`GenerateEvent::Prompt`] before any token. One model's numbers: it needs
+    /// `pinned_model` (a routed request's prompt is read by the entry model only, so its
+    /// scores would not be the routed system's).
+    #[serde(default)]
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl GenerateRequest {
@@ -265,8 +273,13 @@ pub struct TokenEvent {
 /// What the engine streams back for one request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GenerateEvent {
+    /// The prompt's scores (see [`GenerateRequest::prompt_logprobs`]): one entry per prompt
+    /// token after the first, in order; `source` is the scoring model, `router_score` None.
+    Prompt(Vec<TokenEvent>),
     Token(TokenEvent),
-    Finished { reason: FinishReason },
+    Finished {
+        reason: FinishReason,
+    },
     Error(String),
 }
 
@@ -381,6 +394,7 @@ mod tests {
             pinned_model: None,
             top_logprobs: 0,
             routing: RoutingOverrides::default(),
+            prompt_logprobs: None,
         }
     }
 

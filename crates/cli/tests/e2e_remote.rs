@@ -60,6 +60,49 @@ async fn over_a_unix_socket_too() {
     front.shutdown();
 }
 
+/// A request pinned to the remote model asks for its prompt's scores (`echo` with
+/// `logprobs`): they come over the wire before its tokens, equal to the scores and answer
+/// of the same model in one process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_scores_come_from_the_remote_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    let prompt: Vec<u32> = (0..90u32).map(|i| 10 + i * 7 % 200).collect();
+    let local = start(EngineConfig::from_file(&file).unwrap())
+        .await
+        .unwrap();
+    let want = prompt_scores(&local, &prompt).await;
+    local.shutdown();
+    assert_eq!(want.0.len(), prompt.len() - 1);
+    let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
+    let front = start(front_config(&file, &remote.peer, &[])).await.unwrap();
+    assert_eq!(prompt_scores(&front, &prompt).await, want);
+    wait_free(&front, Duration::from_secs(5));
+    front.shutdown();
+}
+
+/// The prompt's scores and the answer of `prompt` pinned to model 1.
+async fn prompt_scores(e: &Engine, prompt: &[u32]) -> (Vec<tokenrouter_api::TokenEvent>, Vec<u32>) {
+    let mut p = params(false, 1);
+    p.max_tokens = 4;
+    let mut req = p.into_request(prompt.to_vec());
+    req.pinned_model = Some(1);
+    req.prompt_logprobs = Some(2);
+    let mut s = e.submit(req).unwrap();
+    let (mut scores, mut ids) = (None, Vec::new());
+    while let Some(ev) = s.events.recv().await {
+        match ev {
+            GenerateEvent::Prompt(p) => {
+                assert!(ids.is_empty() && scores.replace(p).is_none());
+            }
+            GenerateEvent::Token(t) => ids.push(t.id),
+            GenerateEvent::Finished { .. } => break,
+            GenerateEvent::Error(e) => panic!("{e}"),
+        }
+    }
+    (scores.expect("no prompt scores"), ids)
+}
+
 /// Abort (the client drops its stream) and a finished request: KV free in both processes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_frees_kv_on_both_processes() {
@@ -127,6 +170,7 @@ async fn a_handoff_does_not_grow_with_the_sequence() {
                 GenerateEvent::Token(_) => {}
                 GenerateEvent::Finished { .. } => break,
                 GenerateEvent::Error(e) => panic!("{e}"),
+                GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
             }
         }
         let after = delta_bytes(&front);

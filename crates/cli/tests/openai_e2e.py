@@ -260,6 +260,53 @@ class Suite:
         check(all(len(t) >= 1 for t in lp.top_logprobs), lp.top_logprobs)
         check(all(v <= 0 for v in lp.token_logprobs), lp.token_logprobs)
 
+    def test_loglikelihood_like_lm_eval(self):
+        """lm-eval's `local-completions` log-likelihood request (token ids, `echo`,
+        `logprobs=1`, `max_tokens` 1 or 0 in older versions) and its parsing of the answer."""
+        def ids(text):
+            req = urllib.request.Request(self.root + "/tokenize", method="POST",
+                                         data=json.dumps({"prompt": text}).encode(),
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {self.api_key}"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.loads(resp.read())["tokens"]
+        ctx, cont = ids("Once upon a time"), ids(" there was")
+        n = len(ctx) + len(cont)
+        scored = []
+        for model in ("quick", "reference"):
+            for max_tokens in (1, 0):
+                r = self.client.completions.create(model=model, prompt=[ctx + cont], max_tokens=max_tokens,
+                                                   echo=True, logprobs=1, temperature=0, seed=1234)
+                c = r.choices[0]
+                lp = c.logprobs
+                check(len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n + max_tokens,
+                      (max_tokens, lp))
+                check(lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp)
+                check(all(v <= 0 for v in lp.token_logprobs[1:]), lp.token_logprobs)
+                check(r.usage.prompt_tokens == n and r.usage.completion_tokens == max_tokens, r.usage)
+                check(lp.model_extra["sources"] == [model] * (n + max_tokens), lp.model_extra)
+                check(c.text.startswith("Once upon a time there was"), c.text)
+                # lm-eval's parse_logprobs: the continuation's sum, and whether each of its
+                # tokens was the most likely one.
+                span = slice(len(ctx), n)
+                total = sum(lp.token_logprobs[span])
+                greedy = all(max(top, key=top.get) == tok
+                             for tok, top in zip(lp.tokens[span], lp.top_logprobs[span]))
+                scored.append((model, round(total, 4), greedy))
+                if max_tokens == 1:
+                    # The answer's token is the argmax of its own distribution (temperature 0).
+                    top = lp.top_logprobs[-1]
+                    check(max(top, key=top.get) == lp.tokens[-1], (top, lp.tokens[-1]))
+        # With or without the generated token the prompt scores agree; the models differ.
+        check(scored[0] == scored[1] and scored[2] == scored[3], scored)
+        check(scored[0][1] != scored[2][1], scored)
+        # The routed model cannot score a prompt: one model's numbers are needed.
+        try:
+            self.client.completions.create(model=ROUTED, prompt=[ctx], max_tokens=1, echo=True, logprobs=1)
+            check(False, "routed echo with logprobs accepted")
+        except openai.BadRequestError as e:
+            check(e.body["param"] == "echo", e.body)
+
     def test_errors(self):
         def expect(exc, fn):
             try:

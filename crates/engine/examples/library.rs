@@ -79,6 +79,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 break;
             }
             GenerateEvent::Error(e) => return Err(e.into()),
+            // Only asked for by `prompt_logprobs`, which this example does not set.
+            GenerateEvent::Prompt(_) => {}
         }
     }
     engine.shutdown();

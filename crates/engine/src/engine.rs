@@ -449,6 +449,8 @@ impl Engine {
                     g.token_ids.push(t.id);
                     g.sources.push(t.source);
                 }
+                // The library API does not ask for prompt scores.
+                GenerateEvent::Prompt(_) => {}
                 GenerateEvent::Finished { reason } => {
                     g.finish_reason = Some(reason);
                     break;
@@ -516,6 +518,7 @@ impl GenerateParams {
             pinned_model: self.pinned_model,
             top_logprobs: 0,
             routing: Default::default(),
+            prompt_logprobs: None,
         }
     }
 }

@@ -47,6 +47,9 @@ pub struct Req {
     pub stop_ids: Vec<u32>,
     pub pinned: Option<ModelIndex>,
     pub top_logprobs: usize,
+    /// Score the prompt with this many alternatives per token (see
+    /// `GenerateRequest::prompt_logprobs`); taken when the scores are sent.
+    pub prompt_logprobs: Option<usize>,
     /// The request's overrides of the routing kwargs (checked at submission).
     pub routing: RoutingOverrides,
     /// Tokens written by the current model since the request arrived there.
@@ -84,6 +87,7 @@ impl Req {
             stop_ids,
             pinned,
             top_logprobs,
+            prompt_logprobs: None,
             routing: RoutingOverrides::default(),
             visit_tokens: 0,
             handed_off: None,
@@ -95,6 +99,12 @@ impl Req {
     /// The request's own routing kwargs (see `tokenrouter_api::RoutingOverrides`).
     pub fn with_routing(mut self, routing: RoutingOverrides) -> Self {
         self.routing = routing;
+        self
+    }
+
+    /// Ask for the prompt's scores (see [`Req::prompt_logprobs`]).
+    pub fn with_prompt_logprobs(mut self, top: Option<usize>) -> Self {
+        self.prompt_logprobs = top;
         self
     }
 
@@ -137,6 +147,11 @@ impl Req {
                 });
             }
         }
+    }
+
+    /// Send the prompt's scores (one entry per prompt token after the first).
+    pub fn send_prompt_scores(&self, scores: Vec<TokenEvent>) {
+        self.emit(GenerateEvent::Prompt(scores), 0);
     }
 
     /// Append a written token and stream it out.

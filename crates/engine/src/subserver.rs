@@ -16,6 +16,7 @@ use tokenrouter_runtime::{Runner, RuntimeError, StepOptions};
 mod after_step;
 mod faults;
 mod run_step;
+mod score_prompt;
 mod shared;
 pub use faults::InjectedFaults;
 pub use shared::{BusyClock, Shared, StepSample};
@@ -451,6 +452,20 @@ impl SubServer {
             return false;
         }
         self.preempt_to_fit();
+        if self.running.iter().any(|r| r.prompt_logprobs.is_some()) {
+            let shared = self.shared.clone();
+            let _turn = self
+                .runner
+                .model()
+                .device()
+                .is_cpu()
+                .then(|| shared.cpu_turn.acquire());
+            self.score_prompts(out);
+            if self.running.is_empty() {
+                self.publish();
+                return true;
+            }
+        }
         let (rows, prefill) = self.build_rows();
         // CPU models take turns (waiting is not part of the step's latency).
         let shared = self.shared.clone();

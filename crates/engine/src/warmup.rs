@@ -57,6 +57,7 @@ pub(crate) fn warm_up(engine: &Engine, shared: &Shared) -> Result<(), EngineErro
             pinned_model: pinned,
             top_logprobs: 0,
             routing: Default::default(),
+            prompt_logprobs: None,
         };
         streams.push(
             engine
@@ -67,7 +68,7 @@ pub(crate) fn warm_up(engine: &Engine, shared: &Shared) -> Result<(), EngineErro
     for mut stream in streams {
         loop {
             match stream.events.blocking_recv() {
-                Some(GenerateEvent::Token(_)) => {}
+                Some(GenerateEvent::Token(_) | GenerateEvent::Prompt(_)) => {}
                 Some(GenerateEvent::Finished { .. }) => break,
                 Some(GenerateEvent::Error(e)) => {
                     return Err(EngineError::Start(format!("warm-up request failed: {e}")))

@@ -26,6 +26,7 @@ async fn drain(mut s: GenerateStream) -> End {
                 GenerateEvent::Token(_) => n += 1,
                 GenerateEvent::Finished { .. } => return End::Finished(n),
                 GenerateEvent::Error(m) => return End::Error(m),
+                GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
             }
         }
         End::Error("stream closed without an end".into())

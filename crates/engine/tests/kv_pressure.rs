@@ -88,6 +88,7 @@ fn outcome(rx: &mut UnboundedReceiver<GenerateEvent>) -> Result<usize, String> {
             GenerateEvent::Token(_) => tokens += 1,
             GenerateEvent::Finished { .. } => return Ok(tokens),
             GenerateEvent::Error(m) => return Err(m),
+            GenerateEvent::Prompt(_) => return Err("prompt scores were not asked for".into()),
         }
     }
     Err(format!("not finished after {tokens} tokens"))

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
-use tokenrouter_api::{Backend, FinishReason, GenerateEvent, GenerateStream, TextError};
+use tokenrouter_api::{
+    Backend, FinishReason, GenerateEvent, GenerateStream, TextError, TokenEvent,
+};
 use tokio::sync::watch;
 
 use crate::choice::{ChoiceDecoder, Delta, Step};
@@ -20,6 +22,11 @@ use crate::state::AppState;
 /// Progress of one choice.
 #[derive(Debug)]
 pub enum ChoiceUpdate {
+    /// The prompt's scores (asked by `echo` with `logprobs`), before any delta.
+    Prompt {
+        index: usize,
+        scores: Vec<TokenEvent>,
+    },
     Delta {
         index: usize,
         delta: Delta,
@@ -95,6 +102,7 @@ impl Generation {
                 ApiError::ShuttingDown => "shutdown",
                 _ => "error",
             }),
+            Some(ChoiceUpdate::Prompt { .. }) => {}
             None => self.tracker.finish(),
         }
         update
@@ -134,6 +142,12 @@ impl ChoiceRun {
             let backend = self.backend.clone();
             let decode = |ids: &[u32]| backend.decode(ids, true);
             match event {
+                Some(GenerateEvent::Prompt(scores)) => {
+                    return Some(ChoiceUpdate::Prompt {
+                        index: self.index,
+                        scores,
+                    })
+                }
                 Some(GenerateEvent::Token(token)) => match self.decoder.push(token, decode) {
                     Ok(Step::Continue(Some(delta))) => {
                         return Some(ChoiceUpdate::Delta {

@@ -14,6 +14,7 @@ mod choice;
 mod config;
 mod cors;
 mod detok;
+mod echo;
 mod error;
 mod extract;
 mod generation;

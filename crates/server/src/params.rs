@@ -26,6 +26,8 @@ pub struct GenerationPlan {
     pub logprobs: Option<usize>,
     pub return_token_sources: bool,
     pub routing: RoutingOverrides,
+    /// Score the prompt with this many alternatives a token (`echo` with `logprobs`).
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl GenerationPlan {
@@ -76,6 +78,7 @@ impl GenerationPlan {
             logprobs,
             return_token_sources: fields.return_token_sources.unwrap_or(false),
             routing,
+            prompt_logprobs: None,
         })
     }
 
@@ -98,6 +101,7 @@ impl GenerationPlan {
                     pinned_model: self.model.pinned,
                     top_logprobs: self.logprobs.unwrap_or(0),
                     routing: self.routing.clone(),
+                    prompt_logprobs: self.prompt_logprobs,
                 }
             })
             .collect())

@@ -8,9 +8,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use tokenrouter_api::Backend;
+use tokenrouter_api::{Backend, TokenEvent};
 
 use crate::choice::{Delta, OutToken};
+use crate::echo::{Echo, EchoedPrompt};
 use crate::openai::response::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
     ChatLogprob, ChatLogprobs, ChoiceExtension, Completion, CompletionChoice, CompletionChunk,
@@ -32,6 +33,8 @@ pub struct ChoiceOutput {
     pub text: String,
     pub tokens: Vec<OutToken>,
     pub finish_reason: Option<&'static str>,
+    /// The prompt's scores, when `echo` with `logprobs` asked for them.
+    pub prompt_scores: Option<Vec<TokenEvent>>,
 }
 
 /// Everything that is the same for every chunk of one response.
@@ -46,6 +49,8 @@ pub struct ResponseContext {
     logprobs: Option<usize>,
     return_token_sources: bool,
     pub include_usage: bool,
+    /// `echo` (completions only).
+    pub echo: Option<Echo>,
 }
 
 impl ResponseContext {
@@ -68,7 +73,23 @@ impl ResponseContext {
             logprobs: plan.logprobs,
             return_token_sources: plan.return_token_sources,
             include_usage: plan.include_usage,
+            echo: None,
         }
+    }
+
+    pub fn with_echo(mut self, echo: Option<Echo>) -> Self {
+        self.echo = echo;
+        self
+    }
+
+    /// Choice `index`'s echoed prompt, if any.
+    pub fn echoed(&self, index: usize) -> Option<&EchoedPrompt> {
+        self.echo.as_ref().and_then(|e| e.prompt(index))
+    }
+
+    /// Whether choices show their prompt alone (`echo` with `max_tokens: 0`).
+    pub fn prompt_only(&self) -> bool {
+        self.echo.as_ref().is_some_and(|e| e.prompt_only)
     }
 
     fn source(&self, index: usize) -> String {
@@ -132,12 +153,14 @@ impl ResponseContext {
         Some(ChatLogprobs { content })
     }
 
-    fn legacy_logprobs(&self, tokens: &[OutToken]) -> Option<LegacyLogprobs> {
+    /// Legacy logprobs of generated `tokens`, their text offsets shifted by `base`
+    /// characters (an echoed prompt's).
+    fn legacy_logprobs(&self, tokens: &[OutToken], base: usize) -> Option<LegacyLogprobs> {
         let k = self.logprobs?;
         let mut out = LegacyLogprobs::default();
         for t in tokens {
             out.tokens.push(self.token_text(t.event.id));
-            out.token_logprobs.push(t.event.logprob);
+            out.token_logprobs.push(Some(t.event.logprob));
             out.top_logprobs.push((k > 0).then(|| {
                 t.event
                     .top_logprobs
@@ -145,10 +168,82 @@ impl ResponseContext {
                     .map(|&(id, lp)| (self.token_text(id), lp))
                     .collect::<BTreeMap<_, _>>()
             }));
-            out.text_offset.push(t.text_offset);
+            out.text_offset.push(base + t.text_offset);
             out.sources.push(self.source(t.event.source));
         }
         Some(out)
+    }
+
+    /// Legacy logprobs of an echoed prompt's tokens: the first `null`, token i > 0 scored
+    /// by `scores[i - 1]`; `None` unless logprobs were asked for.
+    fn prompt_logprobs(
+        &self,
+        prompt: &EchoedPrompt,
+        scores: Option<&[TokenEvent]>,
+    ) -> Option<LegacyLogprobs> {
+        let k = self.logprobs?;
+        let scores = scores.unwrap_or_default();
+        let mut out = LegacyLogprobs::default();
+        for (i, (&id, &offset)) in prompt.ids.iter().zip(&prompt.offsets).enumerate() {
+            let score = i.checked_sub(1).and_then(|j| scores.get(j));
+            out.tokens.push(self.token_text(id));
+            out.token_logprobs.push(score.map(|s| s.logprob));
+            out.top_logprobs.push(score.filter(|_| k > 0).map(|s| {
+                s.top_logprobs
+                    .iter()
+                    .map(|&(id, lp)| (self.token_text(id), lp))
+                    .collect::<BTreeMap<_, _>>()
+            }));
+            out.text_offset.push(offset);
+            // Echo with logprobs is pinned to one model: it scored the prompt.
+            out.sources.push(self.model.clone());
+        }
+        Some(out)
+    }
+
+    /// A completion choice's text and logprobs: the echoed prompt's, then the generated
+    /// tokens' (none when the prompt is shown alone).
+    fn completion_parts(
+        &self,
+        index: usize,
+        out: &ChoiceOutput,
+    ) -> (String, Option<LegacyLogprobs>) {
+        let (text, tokens) = match self.prompt_only() {
+            true => ("", &[][..]),
+            false => (out.text.as_str(), &out.tokens[..]),
+        };
+        let Some(prompt) = self.echoed(index) else {
+            return (text.to_string(), self.legacy_logprobs(tokens, 0));
+        };
+        let mut logprobs = self.prompt_logprobs(prompt, out.prompt_scores.as_deref());
+        if let (Some(all), Some(generated)) = (
+            logprobs.as_mut(),
+            self.legacy_logprobs(tokens, prompt.chars()),
+        ) {
+            all.append(generated);
+        }
+        (format!("{}{text}", prompt.text), logprobs)
+    }
+
+    /// The streamed chunk that shows choice `index`'s prompt (`echo`), with its scores.
+    pub fn echo_chunk(&self, index: usize, scores: Option<&[TokenEvent]>) -> Option<String> {
+        let prompt = self.echoed(index)?;
+        let chunk = CompletionChunk {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![CompletionChoice {
+                index,
+                text: prompt.text.clone(),
+                logprobs: self.prompt_logprobs(prompt, scores),
+                finish_reason: None,
+                ext: ChoiceExtension::default(),
+            }],
+            usage: self.include_usage.then_some(None),
+            tokenrouter: None,
+        };
+        serde_json::to_string(&chunk).ok()
     }
 
     /// Body of a non-streaming response.
@@ -190,12 +285,19 @@ impl ResponseContext {
                 choices: outputs
                     .into_iter()
                     .enumerate()
-                    .map(|(index, out)| CompletionChoice {
-                        index,
-                        logprobs: self.legacy_logprobs(&out.tokens),
-                        ext: self.extension(&out.tokens, &out.text),
-                        text: out.text,
-                        finish_reason: out.finish_reason,
+                    .map(|(index, out)| {
+                        let (text, logprobs) = self.completion_parts(index, &out);
+                        let ext = match self.prompt_only() {
+                            true => ChoiceExtension::default(),
+                            false => self.extension(&out.tokens, &out.text),
+                        };
+                        CompletionChoice {
+                            index,
+                            logprobs,
+                            ext,
+                            text,
+                            finish_reason: out.finish_reason,
+                        }
                     })
                     .collect(),
                 usage,
@@ -247,7 +349,10 @@ impl ResponseContext {
                 choices: vec![CompletionChoice {
                     index,
                     text: delta.text.clone(),
-                    logprobs: self.legacy_logprobs(&delta.tokens),
+                    logprobs: self.legacy_logprobs(
+                        &delta.tokens,
+                        self.echoed(index).map_or(0, |p| p.chars()),
+                    ),
                     finish_reason: finish,
                     ext: self.extension(&delta.tokens, &delta.text),
                 }],

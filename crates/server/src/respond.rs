@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use axum::response::Response;
 
+use crate::echo::Echo;
 use crate::error::ApiError;
 use crate::generation::{ChoiceUpdate, Generation};
 use crate::openai::response::Usage;
@@ -21,9 +22,10 @@ pub async fn respond(
     kind: Kind,
     prompts: Vec<Vec<u32>>,
     arrival: Instant,
+    echo: Option<Echo>,
 ) -> Result<Response, ApiError> {
     let generation = Generation::start(state, &plan, &prompts, arrival)?;
-    let ctx = ResponseContext::new(kind, state.backend.clone(), &plan);
+    let ctx = ResponseContext::new(kind, state.backend.clone(), &plan).with_echo(echo);
     if plan.stream {
         Ok(streaming::sse_response(ctx, generation))
     } else {
@@ -40,6 +42,12 @@ async fn collect(ctx: ResponseContext, mut generation: Generation) -> Result<Res
     let mut provenance = ProvenanceCounter::new(ctx.names.clone());
     while let Some(update) = generation.next().await {
         let (index, delta, reason) = match update {
+            ChoiceUpdate::Prompt { index, scores } => {
+                if let Some(out) = outputs.get_mut(index) {
+                    out.prompt_scores = Some(scores);
+                }
+                continue;
+            }
             ChoiceUpdate::Delta { index, delta } => (index, delta, None),
             ChoiceUpdate::Finished {
                 index,
@@ -48,7 +56,10 @@ async fn collect(ctx: ResponseContext, mut generation: Generation) -> Result<Res
             } => (index, delta, Some(reason)),
             ChoiceUpdate::Failed(err) => return Err(err),
         };
-        provenance.add(index, &delta.tokens);
+        // The prompt alone: the generated token is dropped, and not counted.
+        if !ctx.prompt_only() {
+            provenance.add(index, &delta.tokens);
+        }
         if let Some(out) = outputs.get_mut(index) {
             out.text.push_str(&delta.text);
             out.tokens.extend(delta.tokens);

@@ -11,6 +11,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
 
+use tokenrouter_api::TokenEvent;
+
 use crate::generation::{ChoiceUpdate, Generation};
 use crate::openai::response::Usage;
 use crate::provenance::ProvenanceCounter;
@@ -20,6 +22,7 @@ pub fn sse_response(ctx: ResponseContext, generation: Generation) -> Response {
     let provenance = ProvenanceCounter::new(ctx.names.clone());
     let state = SseState {
         started: vec![false; generation.num_choices],
+        echoed: vec![false; generation.num_choices],
         finished: 0,
         done: false,
         ctx,
@@ -43,6 +46,8 @@ struct SseState {
     provenance: ProvenanceCounter,
     /// Whether a chunk was already sent for each choice (the first one carries the role).
     started: Vec<bool>,
+    /// Whether each choice's prompt was shown (`echo`).
+    echoed: Vec<bool>,
     finished: usize,
     done: bool,
 }
@@ -54,7 +59,10 @@ impl SseState {
             return None;
         }
         let update = self.generation.next().await;
-        let (index, delta, reason) = match update {
+        let (index, mut delta, reason) = match update {
+            Some(ChoiceUpdate::Prompt { index, scores }) => {
+                return Some(self.echo_events(index, Some(&scores)));
+            }
             Some(ChoiceUpdate::Delta { index, delta }) => (index, delta, None),
             Some(ChoiceUpdate::Finished {
                 index,
@@ -81,8 +89,14 @@ impl SseState {
                 return Some(events);
             }
         };
+        // A choice's prompt comes first (without scores when none were asked for).
+        let mut events = self.echo_events(index, None);
+        if self.ctx.prompt_only() {
+            // The prompt alone: the generated token is dropped.
+            delta = Default::default();
+        }
         if reason.is_none() && delta.is_empty() {
-            return Some(Vec::new());
+            return Some(events);
         }
         self.provenance.add(index, &delta.tokens);
         let first = match self.started.get_mut(index) {
@@ -97,7 +111,23 @@ impl SseState {
             }
         }
         let chunk = self.ctx.chunk(index, first, &delta, reason, provenance);
-        Some(vec![Event::default().data(chunk)])
+        events.push(Event::default().data(chunk));
+        Some(events)
+    }
+
+    /// The chunk showing choice `index`'s prompt, once (`echo`; nothing otherwise).
+    fn echo_events(&mut self, index: usize, scores: Option<&[TokenEvent]>) -> Vec<Event> {
+        match self.echoed.get_mut(index) {
+            Some(shown) if !*shown => {
+                *shown = true;
+                self.ctx
+                    .echo_chunk(index, scores)
+                    .map(|chunk| Event::default().data(chunk))
+                    .into_iter()
+                    .collect()
+            }
+            _ => Vec::new(),
+        }
     }
 }
 

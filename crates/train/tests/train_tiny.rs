@@ -477,6 +477,7 @@ fn a_router_trained_on_the_tiny_pair_serves_through_r2r() {
                 routing: tokenrouter_api::RoutingOverrides(
                     [("threshold".to_string(), report.at_threshold.threshold)].into(),
                 ),
+                prompt_logprobs: None,
             })
             .unwrap();
         let mut tokens = 0;
@@ -485,6 +486,7 @@ fn a_router_trained_on_the_tiny_pair_serves_through_r2r() {
                 GenerateEvent::Token(_) => tokens += 1,
                 GenerateEvent::Finished { .. } => return tokens,
                 GenerateEvent::Error(err) => panic!("{err}"),
+                GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
             }
         }
         panic!("no finish")

@@ -10,8 +10,9 @@ use std::str::FromStr;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint, Server};
 
-/// Bumped on any change of meaning; both ends must be equal (v1).
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Bumped on any change of meaning; both ends must be equal (v2: prompt scores, which a
+/// v1 remote would drop silently).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest message either side decodes (a first contact carries the whole prompt).
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;

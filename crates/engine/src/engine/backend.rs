@@ -293,7 +293,8 @@ impl Engine {
             request.top_logprobs,
             etx,
         )
-        .with_routing(request.routing);
+        .with_routing(request.routing)
+        .with_prompt_logprobs(request.prompt_logprobs);
         (
             req,
             GenerateStream {
@@ -318,6 +319,14 @@ fn validate(request: &GenerateRequest, shared: &Shared) -> Result<usize, SubmitE
                 "no model with index {p}"
             )));
         }
+    }
+    if request.prompt_logprobs.is_some() && request.pinned_model.is_none() {
+        return Err(SubmitError::InvalidField {
+            param: "prompt_logprobs".into(),
+            message: "prompt log-probabilities come from one model: pin the request to one \
+                      (a routed request's prompt is read by the entry model alone)"
+                .into(),
+        });
     }
     // A routed request may visit every model; a pinned one only its own.
     let visits: Vec<usize> = match request.pinned_model {

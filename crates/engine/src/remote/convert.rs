@@ -60,6 +60,7 @@ pub(crate) fn handoff(req: &Req, remote_len: Option<usize>, seq: u64) -> pb::Han
             .into_iter()
             .map(|(id, n)| pb::TokenCount { id, n })
             .collect(),
+        prompt_logprobs: req.prompt_logprobs.map(|k| k as u32),
     });
     pb::Handoff {
         rid: req.rid,
@@ -114,7 +115,8 @@ pub(crate) fn mirror_from_first(h: &pb::Handoff, sink: EventSink) -> Result<Req,
     )
     .with_routing(RoutingOverrides(
         first.routing.clone().into_iter().collect(),
-    ));
+    ))
+    .with_prompt_logprobs(first.prompt_logprobs.map(|k| k as usize));
     req.set_output(
         h.tokens[p..].to_vec(),
         h.sources.iter().map(|&s| s as ModelIndex).collect(),

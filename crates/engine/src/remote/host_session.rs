@@ -167,6 +167,10 @@ impl HostSession {
                     return;
                 }
                 let m = match event {
+                    GenerateEvent::Prompt(scores) => M::PromptScores(pb::PromptScores {
+                        rid,
+                        tokens: scores.iter().map(|t| token_to_pb(rid, 0, t)).collect(),
+                    }),
                     GenerateEvent::Token(t) => M::Token(token_to_pb(rid, pos, &t)),
                     GenerateEvent::Finished { reason } => M::Finished(pb::Finished {
                         rid,

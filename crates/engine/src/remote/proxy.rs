@@ -263,6 +263,13 @@ impl Proxy {
                     p.req.push_token(ev);
                 }
             }
+            M::PromptScores(scores) => {
+                if let Some(p) = self.parked.get_mut(&scores.rid) {
+                    p.req.prompt_logprobs = None;
+                    p.req
+                        .send_prompt_scores(scores.tokens.iter().map(token_from_pb).collect());
+                }
+            }
             M::Finished(f) => {
                 if let Some(p) = self.parked.get(&f.rid) {
                     p.req.finish(reason_from_pb(f.reason));

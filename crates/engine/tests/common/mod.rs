@@ -85,6 +85,7 @@ pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         pinned_model: None,
         top_logprobs: 0,
         routing: Default::default(),
+        prompt_logprobs: None,
     }
 }
 
@@ -101,6 +102,7 @@ pub async fn run(e: &Engine, req: GenerateRequest) -> (Vec<u32>, Vec<usize>) {
             }
             GenerateEvent::Finished { .. } => break,
             GenerateEvent::Error(m) => panic!("request failed: {m}"),
+            GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
         }
     }
     (ids, src)

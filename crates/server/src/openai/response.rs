@@ -176,9 +176,21 @@ pub struct CompletionChunk {
 #[derive(Debug, Default, Serialize)]
 pub struct LegacyLogprobs {
     pub tokens: Vec<String>,
-    pub token_logprobs: Vec<f32>,
+    /// `null` for an echoed prompt's first token (nothing before it to condition on).
+    pub token_logprobs: Vec<Option<f32>>,
     pub top_logprobs: Vec<Option<BTreeMap<String, f32>>>,
     pub text_offset: Vec<usize>,
     /// Extension: the model that wrote each token.
     pub sources: Vec<String>,
+}
+
+impl LegacyLogprobs {
+    /// `other`'s entries after these (an echoed prompt's, then the completion's).
+    pub fn append(&mut self, other: LegacyLogprobs) {
+        self.tokens.extend(other.tokens);
+        self.token_logprobs.extend(other.token_logprobs);
+        self.top_logprobs.extend(other.top_logprobs);
+        self.text_offset.extend(other.text_offset);
+        self.sources.extend(other.sources);
+    }
 }

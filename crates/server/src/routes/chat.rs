@@ -66,7 +66,7 @@ pub async fn chat_completions(
     })
     .await
     .map_err(|e| ApiError::Engine(format!("tokenizer task: {e}")))??;
-    respond(&state, plan, Kind::Chat, vec![ids], arrival).await
+    respond(&state, plan, Kind::Chat, vec![ids], arrival, None).await
 }
 
 /// Applies the backend's chat template to `messages`.

@@ -1,5 +1,6 @@
 //! `POST /v1/completions`: a raw prompt (text, token ids, or a batch of either) →
-//! generation. Choice `p * n + i` is the i-th sample of prompt p, as in OpenAI.
+//! generation. Choice `p * n + i` is the i-th sample of prompt p, as in OpenAI. With
+//! `echo` each choice starts with its prompt (see `echo.rs`).
 
 use std::time::Instant;
 
@@ -7,6 +8,7 @@ use axum::extract::State;
 use axum::response::Response;
 use serde_json::Value;
 
+use crate::echo::{Echo, EchoedPrompt};
 use crate::error::ApiError;
 use crate::extract::{parse_value, ApiJson};
 use crate::openai::request::{CommonFields, CompletionFields, PromptField};
@@ -24,30 +26,76 @@ pub async fn completions(
     let fields: CompletionFields = parse_value(&body)?;
     let model = state.resolve_model(common.model.as_deref())?;
     state.check_ready()?;
-    if fields.echo == Some(true) {
-        return Err(ApiError::invalid("echo", "`echo` is not supported"));
-    }
     if fields.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
-    let max_tokens = common.max_tokens.map(|m| (m, "max_tokens"));
+    let echo = fields.echo.unwrap_or(false);
+    // `max_tokens: 0` with `echo`: the prompt alone (one token is generated and dropped).
+    let prompt_only = echo && common.max_tokens == Some(0);
+    let max_tokens = common
+        .max_tokens
+        .map(|m| (if prompt_only { 1 } else { m }, "max_tokens"));
     let logprobs = completion_logprobs(fields.logprobs, &state.config)?;
-    let plan = GenerationPlan::new(common, model, max_tokens, logprobs, &state.config)?;
+    if echo && logprobs.is_some() && model.pinned.is_none() {
+        let names: Vec<String> = state.backend.models().into_iter().map(|m| m.name).collect();
+        return Err(ApiError::invalid(
+            "echo",
+            format!(
+                "`echo` with `logprobs` scores the prompt with one model (a routed request's \
+                 prompt is read by its entry model alone): set `model` to one of {}",
+                names.join(", ")
+            ),
+        ));
+    }
+    let mut plan = GenerationPlan::new(common, model, max_tokens, logprobs, &state.config)?;
+    if echo {
+        plan.prompt_logprobs = logprobs;
+    }
     let context = plan.model.context_length;
-    let prompts = match fields.prompt {
-        PromptField::Text(text) => vec![state.encode_prompt(text, context).await?],
+    // Each prompt's ids, and its text when it came as text (what `echo` shows).
+    let prompts: Vec<(Vec<u32>, Option<String>)> = match fields.prompt {
+        PromptField::Text(text) => vec![(
+            state.encode_prompt(text.clone(), context).await?,
+            Some(text),
+        )],
         PromptField::Texts(texts) => {
             let mut out = Vec::with_capacity(texts.len());
             for t in texts {
-                out.push(state.encode_prompt(t, context).await?);
+                out.push((state.encode_prompt(t.clone(), context).await?, Some(t)));
             }
             out
         }
-        PromptField::Tokens(ids) => vec![ids],
-        PromptField::TokenBatches(batches) => batches,
+        PromptField::Tokens(ids) => vec![(ids, None)],
+        PromptField::TokenBatches(batches) => batches.into_iter().map(|ids| (ids, None)).collect(),
     };
     if prompts.is_empty() {
         return Err(ApiError::invalid("prompt", "`prompt` must not be empty"));
     }
-    respond(&state, plan, Kind::Completion, prompts, arrival).await
+    let echo = match echo {
+        true => Some(echoed(&state, &prompts, plan.n, prompt_only)?),
+        false => None,
+    };
+    let ids = prompts.into_iter().map(|(ids, _)| ids).collect();
+    respond(&state, plan, Kind::Completion, ids, arrival, echo).await
+}
+
+/// What `echo` shows of each prompt: its text as given, or its ids decoded (special
+/// tokens kept).
+fn echoed(
+    state: &AppState,
+    prompts: &[(Vec<u32>, Option<String>)],
+    n: usize,
+    prompt_only: bool,
+) -> Result<Echo, ApiError> {
+    let decode = |ids: &[u32]| state.backend.decode(ids, false);
+    let failed = |e| ApiError::invalid("prompt", format!("the prompt cannot be detokenized: {e}"));
+    let mut out = Vec::with_capacity(prompts.len());
+    for (ids, text) in prompts {
+        let text = match text {
+            Some(t) => t.clone(),
+            None => decode(ids).map_err(failed)?,
+        };
+        out.push(EchoedPrompt::new(text, ids.clone(), decode).map_err(failed)?);
+    }
+    Ok(Echo::new(out, n, prompt_only))
 }

@@ -133,7 +133,8 @@ async fn out_of_range_values_are_400_with_param() {
     .await;
     expect_400(
         "/v1/completions",
-        json!({"prompt": "x", "echo": true}),
+        // Scoring the prompt of a routed request (see echo.rs).
+        json!({"prompt": "x", "echo": true, "logprobs": 1}),
         Some("echo"),
     )
     .await;

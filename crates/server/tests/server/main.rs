@@ -3,6 +3,7 @@
 //! official `openai` Python client. One test binary keeps link time low.
 
 mod common;
+mod echo;
 mod endpoints;
 mod errors;
 mod fuzz;

@@ -136,6 +136,11 @@ pub fn logprob_of(i: usize) -> f32 {
     -0.01 - 0.1 * (i % 7) as f32
 }
 
+/// Score of the prompt's token i + 1 (`prompt_logprobs`).
+pub fn prompt_logprob_of(i: usize) -> f32 {
+    -1.0 - 0.25 * (i % 3) as f32
+}
+
 impl Backend for MockBackend {
     fn models(&self) -> Vec<ModelInfo> {
         self.cfg.models.clone()
@@ -284,6 +289,24 @@ async fn generate(
     cfg: &MockConfig,
 ) -> Outcome {
     let models = cfg.models.len();
+    if let Some(k) = request.prompt_logprobs {
+        let scores = request.prompt_ids[1..]
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| TokenEvent {
+                id,
+                source: request.pinned_model.unwrap_or(0),
+                logprob: prompt_logprob_of(i),
+                top_logprobs: (0..k as u32)
+                    .map(|j| ((id + j) % 256, -(j as f32)))
+                    .collect(),
+                router_score: None,
+            })
+            .collect();
+        if tx.send(GenerateEvent::Prompt(scores)).is_err() {
+            return Outcome::Aborted;
+        }
+    }
     for i in 0..max_tokens {
         tokio::select! {
             biased;
