@@ -35,7 +35,7 @@ async fn scored(
 }
 
 /// Log-softmax at every prompt position from the runtime alone, the prompt in passes of
-/// `chunk` tokens (the engine scores in passes of 64: a pass's attention kernel depends on
+/// `chunk` tokens (the engine scores in passes of 128: a pass's attention kernel depends on
 /// its length, so other splits differ in the last digits).
 fn reference(model: &std::path::Path, prompt: &[u32], chunk: usize) -> Vec<Vec<f32>> {
     let mut m = load_model(model, &LoadOptions::default()).unwrap();
@@ -60,10 +60,10 @@ fn reference(model: &std::path::Path, prompt: &[u32], chunk: usize) -> Vec<Vec<f
 async fn prompt_scores_are_the_models_log_softmax_and_leave_the_answer_alone() {
     let p = pair();
     let e = start(config(&p, "slm_only", "{}", "slm_only", "", "async"));
-    // Longer than a scoring chunk (64), so the prompt is scored in three passes.
-    for (len, model, path) in [(150, 0, &p.small), (7, 1, &p.large), (1, 0, &p.small)] {
+    // Longer than two scoring passes (128 tokens each), so the prompt is scored in three.
+    for (len, model, path) in [(300, 0, &p.small), (7, 1, &p.large), (1, 0, &p.small)] {
         let pr = prompt(len, len as u32);
-        let want = reference(path, &pr, 64);
+        let want = reference(path, &pr, 128);
         let whole = reference(path, &pr, pr.len());
         let mut plain = greedy_request(pr.clone(), 6);
         plain.pinned_model = Some(model);
