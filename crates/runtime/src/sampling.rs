@@ -155,7 +155,8 @@ fn top_k_streamed(
     let mut best: Vec<u32> = Vec::with_capacity(k + 1);
     let mut floor = f32::NAN;
     for (i, &v) in values.iter().enumerate() {
-        if best.len() == k && !(v > floor) {
+        // Not strictly above the worst kept value (or either is NaN): ranked after it.
+        if best.len() == k && v.partial_cmp(&floor) != Some(std::cmp::Ordering::Greater) {
             continue;
         }
         let i = i as u32;
