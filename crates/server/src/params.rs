@@ -57,6 +57,7 @@ impl GenerationPlan {
             Some((v, _)) => Some(usize::try_from(v).unwrap_or(usize::MAX)),
             None => None,
         };
+        check_response_format(fields.response_format.as_ref())?;
         let sampling = sampling_params(&fields)?;
         let routing = routing_overrides(fields.routing.as_ref())?;
         let stream = fields.stream.unwrap_or(false);
@@ -168,6 +169,30 @@ fn bounded_logprobs(param: &str, k: u64, cfg: &ServerConfig) -> Result<usize, Ap
         ));
     }
     Ok(k as usize)
+}
+
+/// `response_format`: plain text is what every answer is; JSON modes (`json_object`,
+/// `json_schema`) would need decoding constrained to a grammar, which tokenrouter does not
+/// do, so they are refused rather than answered with text that may not parse.
+fn check_response_format(format: Option<&serde_json::Value>) -> Result<(), ApiError> {
+    let Some(format) = format else {
+        return Ok(());
+    };
+    match format.get("type").and_then(|t| t.as_str()) {
+        Some("text") => Ok(()),
+        Some(other) => Err(ApiError::invalid(
+            "response_format",
+            format!(
+                "`response_format` of type `{}` is not supported: decoding is not constrained to \
+                 JSON here; ask for JSON in the prompt, or send `{{\"type\": \"text\"}}`",
+                crate::error::truncate_for_echo(other)
+            ),
+        )),
+        None => Err(ApiError::invalid(
+            "response_format",
+            "`response_format` must be an object with a string `type`",
+        )),
+    }
 }
 
 /// The request's sampling fields as the engine's type; the value rules are

@@ -29,6 +29,9 @@ pub struct CommonFields {
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
     pub n: Option<u64>,
+    /// `{"type": "text"}` only: decoding is not constrained to JSON (see
+    /// `params::check_response_format`).
+    pub response_format: Option<Value>,
     /// Extension: report which model wrote each token.
     pub return_token_sources: Option<bool>,
     /// Extension: per-request overrides of the routing method's kwargs

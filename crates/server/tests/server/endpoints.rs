@@ -170,6 +170,7 @@ async fn chat_fields_reach_the_engine_and_the_template() {
         "max_tokens": 50, "max_completion_tokens": 30,
         "chat_template_kwargs": {"enable_thinking": false},
         "tools": [{"type": "function", "function": {"name": "f"}}],
+        "response_format": {"type": "text"},
         "user": "someone", "some_unknown_field": {"x": 1}
     });
     let (status, resp) = post_json(app(&m), "/v1/chat/completions", body).await;

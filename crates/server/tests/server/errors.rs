@@ -115,6 +115,15 @@ async fn out_of_range_values_are_400_with_param() {
         (json!({"max_completion_tokens": 0}), "max_completion_tokens"),
         (json!({"top_logprobs": 2}), "top_logprobs"),
         (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
+            "response_format",
+        ),
+        (json!({"response_format": "json"}), "response_format"),
+        (
             json!({"logprobs": true, "top_logprobs": 21}),
             "top_logprobs",
         ),

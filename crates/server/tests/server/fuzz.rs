@@ -110,6 +110,7 @@ const FIELDS: &[&str] = &[
     "tools",
     "echo",
     "suffix",
+    "response_format",
     "tokens",
     "add_generation_prompt",
 ];
