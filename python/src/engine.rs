@@ -176,12 +176,15 @@ impl Engine {
             .into_iter()
             .map(|p| params.request(p, pinned))
             .collect();
-        let prompt_sizes: Vec<usize> = requests.iter().map(|r| r.prompt_ids.len()).collect();
+        let prompt_sizes: Vec<(usize, Option<u32>)> = requests
+            .iter()
+            .map(|r| (r.prompt_ids.len(), r.prompt_ids.first().copied()))
+            .collect();
         let streams = self.engine.submit_all(requests).map_err(submit_error)?;
         Ok(streams
             .into_iter()
             .zip(prompt_sizes)
-            .map(|(events, prompt_tokens)| {
+            .map(|(events, (prompt_tokens, first))| {
                 let max_new_tokens = events.max_tokens;
                 Stream::new(
                     events,
@@ -192,6 +195,7 @@ impl Engine {
                     prompt_tokens,
                     max_new_tokens,
                     params.return_logprob,
+                    params.input_logprobs.zip(first),
                 )
             })
             .collect())

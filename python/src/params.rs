@@ -43,6 +43,12 @@ struct RawParams {
     logit_bias: Option<BTreeMap<String, f32>>,
     /// Also return each token's log-probability in `meta_info`.
     return_logprob: Option<bool>,
+    /// With `return_logprob`: also score the prompt from this position on (SGLang's
+    /// `logprob_start_len`; -1, the default, scores none). Needs a pinned model.
+    logprob_start_len: Option<i64>,
+    /// With a scored prompt: this many top alternatives a prompt token (SGLang's
+    /// `top_logprobs_num`).
+    top_logprobs_num: Option<usize>,
     /// Our extension: per-request overrides of the routing method's kwargs.
     routing: Option<BTreeMap<String, f64>>,
 }
@@ -62,8 +68,22 @@ pub struct Params {
     pub ignore_eos: bool,
     pub skip_special_tokens: bool,
     pub return_logprob: bool,
+    /// Score the prompt (`return_logprob` with `logprob_start_len >= 0`).
+    pub input_logprobs: Option<InputLogprobs>,
     pub routing: RoutingOverrides,
 }
+
+/// Which prompt scores a request returns (`input_token_logprobs`, `input_top_logprobs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct InputLogprobs {
+    /// First prompt position reported.
+    pub start: usize,
+    /// Top alternatives a token.
+    pub top: usize,
+}
+
+/// Most top alternatives a scored prompt token may ask for (as the server's `logprobs`).
+const MAX_TOP_LOGPROBS: usize = 20;
 
 impl Params {
     /// Parses the JSON text of a `sampling_params` dict; the message names the bad key.
@@ -89,6 +109,23 @@ impl Params {
             })?;
             logit_bias.push((id, bias));
         }
+        let return_logprob = raw.return_logprob.unwrap_or(false);
+        let start = raw.logprob_start_len.unwrap_or(-1);
+        if start < -1 {
+            return Err(format!(
+                "sampling_params: logprob_start_len must be -1 (no prompt scores) or a position, got {start}"
+            ));
+        }
+        let top = raw.top_logprobs_num.unwrap_or(0);
+        if top > MAX_TOP_LOGPROBS {
+            return Err(format!(
+                "sampling_params: top_logprobs_num must be at most {MAX_TOP_LOGPROBS}, got {top}"
+            ));
+        }
+        let input_logprobs = (return_logprob && start >= 0).then(|| InputLogprobs {
+            start: usize::try_from(start).unwrap_or(usize::MAX),
+            top,
+        });
         let top_k = raw.top_k.unwrap_or(0);
         if top_k < -1 {
             return Err(format!(
@@ -118,7 +155,8 @@ impl Params {
             stop_token_ids: raw.stop_token_ids.unwrap_or_default(),
             ignore_eos: raw.ignore_eos.unwrap_or(false),
             skip_special_tokens: raw.skip_special_tokens.unwrap_or(true),
-            return_logprob: raw.return_logprob.unwrap_or(false),
+            return_logprob,
+            input_logprobs,
             routing: RoutingOverrides(raw.routing.unwrap_or_default()),
         })
     }
@@ -135,7 +173,7 @@ impl Params {
             pinned_model,
             top_logprobs: 0,
             routing: self.routing.clone(),
-            prompt_logprobs: None,
+            prompt_logprobs: self.input_logprobs.map(|i| i.top),
         }
     }
 

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use tokenrouter_api::{Backend, FinishReason, GenerateEvent, GenerateStream};
+use tokenrouter_api::{Backend, FinishReason, GenerateEvent, GenerateStream, TokenEvent};
 use tokenrouter_server::text::{ChoiceDecoder, Delta, Step};
 
+use crate::params::InputLogprobs;
 use crate::EngineError;
 
 /// How long one wait lasts before Python gets to check for signals.
@@ -23,6 +24,9 @@ struct Live {
     engine: tokenrouter_engine::Engine,
     skip_special_tokens: bool,
 }
+
+/// A scored token's top alternatives, `(logprob, token id)`, best first.
+type Alternatives = Vec<(f32, u32)>;
 
 /// What one wait produced.
 enum Poll {
@@ -46,6 +50,10 @@ pub struct Stream {
     /// The request asked for per-token log-probabilities in its result.
     #[pyo3(get)]
     return_logprob: bool,
+    /// The prompt's scores, when asked for: which, the prompt's first token (it has none),
+    /// and the engine's scores of the others once they arrived.
+    input: Option<(InputLogprobs, u32)>,
+    input_scores: Mutex<Option<Vec<TokenEvent>>>,
 }
 
 impl Stream {
@@ -59,6 +67,7 @@ impl Stream {
         prompt_tokens: usize,
         max_new_tokens: usize,
         return_logprob: bool,
+        input: Option<(InputLogprobs, u32)>,
     ) -> Self {
         Self {
             request_id: events.request_id,
@@ -72,7 +81,19 @@ impl Stream {
             prompt_tokens,
             max_new_tokens,
             return_logprob,
+            input,
+            input_scores: Mutex::new(None),
         }
+    }
+
+    /// Per reported prompt position `f(score)`: `None` for the first token (nothing before
+    /// it), the engine's score for the others. `None` unless the prompt was scored.
+    fn per_prompt_token<T>(&self, f: impl Fn(Option<&TokenEvent>, u32) -> T) -> Option<Vec<T>> {
+        let (which, first) = self.input?;
+        let scores = self.input_scores.lock().ok()?;
+        let scores = scores.as_ref()?;
+        let all = std::iter::once(f(None, first)).chain(scores.iter().map(|s| f(Some(s), s.id)));
+        Some(all.skip(which.start).collect())
     }
 
     /// Waits one slice for the engine and runs what arrived through the decoder.
@@ -103,8 +124,12 @@ impl Stream {
                 Err(e) => Poll::Failed(e.to_string()),
             },
             Ok(Some(GenerateEvent::Error(message))) => Poll::Failed(message),
-            // This binding never asks for prompt scores.
-            Ok(Some(GenerateEvent::Prompt(_))) => return Poll::Pending,
+            Ok(Some(GenerateEvent::Prompt(scores))) => {
+                if let Ok(mut slot) = self.input_scores.lock() {
+                    *slot = Some(scores);
+                }
+                return Poll::Pending;
+            }
             // The engine went away (shut down) without finishing the request.
             Ok(None) => match live.decoder.finish(decode) {
                 Ok((delta, _)) => Poll::Chunk(delta, Some("abort")),
@@ -169,6 +194,23 @@ impl Stream {
         if let Ok(mut slot) = self.live.lock() {
             *slot = None;
         }
+    }
+
+    /// The scored prompt tokens from `logprob_start_len` on, as `(logprob, token id)` (the
+    /// prompt's first token: `(None, id)`); None unless asked for (`return_logprob` with
+    /// `logprob_start_len >= 0`).
+    #[getter]
+    fn input_token_logprobs(&self) -> Option<Vec<(Option<f32>, u32)>> {
+        self.per_prompt_token(|s, id| (s.map(|s| s.logprob), id))
+    }
+
+    /// Per scored prompt token its `top_logprobs_num` alternatives as `(logprob, token id)`,
+    /// best first (the prompt's first token: None).
+    #[getter]
+    fn input_top_logprobs(&self) -> Option<Vec<Option<Alternatives>>> {
+        self.per_prompt_token(|s, _| {
+            s.map(|s| s.top_logprobs.iter().map(|&(id, lp)| (lp, id)).collect())
+        })
     }
 
     /// True until the last chunk was returned or the stream was closed.

@@ -75,6 +75,37 @@ def test_input_ids_single_and_list(engine):
     assert isinstance(two, list) and len(two) == 2
 
 
+def test_return_logprob_with_logprob_start_len_scores_the_prompt(engine):
+    ids = engine.tokenize("Once upon a time there was")
+    params = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True, "return_logprob": True,
+              "logprob_start_len": 0, "top_logprobs_num": 2}
+    out = engine.generate(input_ids=ids, sampling_params=params, model="quick")
+    meta = out["meta_info"]
+    scored = meta["input_token_logprobs"]
+    assert scored[0] == (None, ids[0])
+    assert [i for _, i in scored] == ids
+    assert all(lp <= 0 for lp, _ in scored[1:]), scored
+    tops = meta["input_top_logprobs"]
+    assert tops[0] is None and all(len(t) == 2 and t[0][0] >= t[1][0] for t in tops[1:]), tops
+    assert len(meta["output_token_logprobs"]) == 3
+    # Scoring leaves the answer as it is; a later start reports the same scores from there.
+    plain = engine.generate(input_ids=ids, sampling_params={**params, "logprob_start_len": -1},
+                            model="quick")
+    assert plain["output_ids"] == out["output_ids"] and "input_token_logprobs" not in plain["meta_info"]
+    later = engine.generate(input_ids=ids, sampling_params={**params, "logprob_start_len": 2},
+                            model="quick")
+    got = later["meta_info"]["input_token_logprobs"]
+    assert [i for _, i in got] == ids[2:]
+    assert all(abs(a[0] - b[0]) < 1e-5 for a, b in zip(got, scored[2:])), (got, scored)
+    other = engine.generate(input_ids=ids, sampling_params=params, model="reference")
+    assert other["meta_info"]["input_token_logprobs"] != scored  # the other model's numbers
+    # One model's numbers: a routed request cannot ask for them.
+    with pytest.raises(ValueError, match="pin"):
+        engine.generate(input_ids=ids, sampling_params=params)
+    with pytest.raises(ValueError, match="logprob_start_len"):
+        engine.generate(input_ids=ids, sampling_params={**params, "logprob_start_len": -2}, model="quick")
+
+
 def test_max_new_tokens_none_runs_to_the_context(engine):
     ids = engine.tokenize("hello world") * 4
     ids = (ids * (engine.context_length // len(ids) + 1))[: engine.context_length - 5]

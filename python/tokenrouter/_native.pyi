@@ -12,6 +12,8 @@ class Stream:
     prompt_tokens: int
     max_new_tokens: int
     return_logprob: bool
+    input_token_logprobs: Optional[List[Tuple[Optional[float], int]]]
+    input_top_logprobs: Optional[List[Optional[List[Tuple[float, int]]]]]
     @property
     def running(self) -> bool: ...
     def next_chunk(self) -> Optional[Dict[str, object]]:

@@ -118,7 +118,10 @@ class TokenRoutingEngine:
         (default 1.0), ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,
         ``presence_penalty``, ``frequency_penalty``, ``stop``, ``stop_token_ids``,
         ``ignore_eos``, ``skip_special_tokens``, ``seed``/``sampling_seed``, ``logit_bias``,
-        ``return_logprob``) and ``routing`` (per-request overrides of the routing method's
+        ``return_logprob``, and with it ``logprob_start_len`` / ``top_logprobs_num``: the
+        prompt's scores from that position on in ``meta_info["input_token_logprobs"]`` as
+        ``(logprob, id)``, the first prompt token's logprob None, and their alternatives in
+        ``input_top_logprobs``; one model's numbers, so ``model`` must pin one) and ``routing`` (per-request overrides of the routing method's
         kwargs, e.g. ``{"threshold": 0.1}``); a list gives each prompt its own. Unknown keys
         raise ``ValueError`` naming the key. ``model``: a configured model name pins the
         request to that model; None or ``"default"`` routes.
@@ -246,6 +249,10 @@ class TokenRoutingEngine:
         }
         if s.return_logprob:
             meta["output_token_logprobs"] = list(zip(logprobs, ids))
+            scored = s.input_token_logprobs
+            if scored is not None:
+                meta["input_token_logprobs"] = scored
+                meta["input_top_logprobs"] = s.input_top_logprobs
         return meta
 
     def _collect(self, s: "_native.Stream") -> Dict[str, Any]:

@@ -50,7 +50,7 @@ pub struct ResponseContext {
     return_token_sources: bool,
     pub include_usage: bool,
     /// `echo` (completions only).
-    pub echo: Option<Echo>,
+    echo: Option<Echo>,
 }
 
 impl ResponseContext {
