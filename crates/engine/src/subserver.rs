@@ -452,21 +452,6 @@ impl SubServer {
             return false;
         }
         self.preempt_to_fit();
-        if self.running.iter().any(|r| r.prompt_logprobs.is_some()) {
-            let shared = self.shared.clone();
-            let _turn = self
-                .runner
-                .model()
-                .device()
-                .is_cpu()
-                .then(|| shared.cpu_turn.acquire());
-            self.score_prompts(out);
-            if self.running.is_empty() {
-                self.publish();
-                return true;
-            }
-        }
-        let (rows, prefill) = self.build_rows();
         // CPU models take turns (waiting is not part of the step's latency).
         let shared = self.shared.clone();
         let _turn = self
@@ -475,6 +460,14 @@ impl SubServer {
             .device()
             .is_cpu()
             .then(|| shared.cpu_turn.acquire());
+        if self.running.iter().any(|r| r.prompt_logprobs.is_some()) {
+            self.score_prompts(out);
+            if self.running.is_empty() {
+                self.publish();
+                return true;
+            }
+        }
+        let (rows, prefill) = self.build_rows();
         let started = Instant::now();
         let mark = self.shared.busy.begin(started);
         self.shared.step_started_ms[self.idx].store(faults::now_ms(), Ordering::SeqCst);

@@ -228,22 +228,31 @@ impl ResponseContext {
     /// The streamed chunk that shows choice `index`'s prompt (`echo`), with its scores.
     pub fn echo_chunk(&self, index: usize, scores: Option<&[TokenEvent]>) -> Option<String> {
         let prompt = self.echoed(index)?;
-        let chunk = CompletionChunk {
+        let choice = CompletionChoice {
+            index,
+            text: prompt.text.clone(),
+            logprobs: self.prompt_logprobs(prompt, scores),
+            finish_reason: None,
+            ext: ChoiceExtension::default(),
+        };
+        serde_json::to_string(&self.completion_chunk(choice, None)).ok()
+    }
+
+    /// A streamed completions chunk carrying `choice`.
+    fn completion_chunk(
+        &self,
+        choice: CompletionChoice,
+        tokenrouter: Option<Provenance>,
+    ) -> CompletionChunk {
+        CompletionChunk {
             id: self.id.clone(),
             object: "text_completion",
             created: self.created,
             model: self.model.clone(),
-            choices: vec![CompletionChoice {
-                index,
-                text: prompt.text.clone(),
-                logprobs: self.prompt_logprobs(prompt, scores),
-                finish_reason: None,
-                ext: ChoiceExtension::default(),
-            }],
+            choices: vec![choice],
             usage: self.include_usage.then_some(None),
-            tokenrouter: None,
-        };
-        serde_json::to_string(&chunk).ok()
+            tokenrouter,
+        }
     }
 
     /// Body of a non-streaming response.
@@ -341,12 +350,8 @@ impl ResponseContext {
                     tokenrouter: provenance,
                 })
             }
-            Kind::Completion => serde_json::to_string(&CompletionChunk {
-                id: self.id.clone(),
-                object: "text_completion",
-                created: self.created,
-                model: self.model.clone(),
-                choices: vec![CompletionChoice {
+            Kind::Completion => {
+                let choice = CompletionChoice {
                     index,
                     text: delta.text.clone(),
                     logprobs: self.legacy_logprobs(
@@ -355,10 +360,9 @@ impl ResponseContext {
                     ),
                     finish_reason: finish,
                     ext: self.extension(&delta.tokens, &delta.text),
-                }],
-                usage,
-                tokenrouter: provenance,
-            }),
+                };
+                serde_json::to_string(&self.completion_chunk(choice, provenance))
+            }
         };
         result.unwrap_or_default()
     }
