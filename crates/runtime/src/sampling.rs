@@ -170,6 +170,20 @@ fn top_k_streamed(
     best
 }
 
+/// `token`'s log-probability under the row `raw` whose log-sum-exp is `lse` (-inf for a
+/// token past the row), and the `k` most likely tokens' `(id, log-probability)`, best first:
+/// what a sampled token and a scored prompt token report.
+pub fn logprob_and_top(raw: &[f32], lse: f32, token: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
+    let logprob = raw
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&l| l - lse);
+    let top = top_k_indices(raw, k)
+        .into_iter()
+        .map(|i| (i, raw[i as usize] - lse))
+        .collect();
+    (logprob, top)
+}
+
 /// Shannon entropy (natural log) of the softmax of `logits`: with e_i = e^(l_i - max) and
 /// S = sum e_i, H = ln S - sum e_i (l_i - max) / S.
 pub fn entropy(logits: &[f32]) -> f32 {
@@ -269,13 +283,10 @@ impl Sampler {
                 self.sample_stochastic(&l)
             }
         };
-        let top = top_k_indices(raw, top_logprobs)
-            .into_iter()
-            .map(|i| (i, raw[i as usize] - lse))
-            .collect();
+        let (logprob, top) = logprob_and_top(raw, lse, token, top_logprobs);
         Sampled {
             token,
-            logprob: raw[token as usize] - lse,
+            logprob,
             top,
         }
     }

@@ -7,7 +7,7 @@
 
 use super::{Outbound, SubServer};
 use tokenrouter_api::{ModelIndex, TokenEvent};
-use tokenrouter_runtime::sampling::{log_sum_exp, top_k_indices};
+use tokenrouter_runtime::sampling::{log_sum_exp, logprob_and_top};
 use tokenrouter_runtime::{Row, RuntimeError, StepOptions};
 
 /// Prompt tokens scored per forward pass: every position's logits are held at once, twice
@@ -94,12 +94,7 @@ fn score_token(
     source: ModelIndex,
 ) -> TokenEvent {
     let raw = &logits[..limit.min(logits.len())];
-    let lse = log_sum_exp(raw);
-    let logprob = raw.get(id as usize).map_or(f32::NEG_INFINITY, |&l| l - lse);
-    let top_logprobs = top_k_indices(raw, top)
-        .into_iter()
-        .map(|t| (t, raw[t as usize] - lse))
-        .collect();
+    let (logprob, top_logprobs) = logprob_and_top(raw, log_sum_exp(raw), id, top);
     TokenEvent {
         id,
         source,
