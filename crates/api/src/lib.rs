@@ -325,11 +325,37 @@ pub enum SubmitError {
     NotReady(String),
 }
 
-/// A chat message as the chat template sees it.
+/// A chat message as the chat template sees it. The tool fields are absent (undefined in
+/// the template) unless set, which is how tool-aware templates such as Qwen2.5's tell a
+/// plain message from an assistant's tool calls or a tool's result.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant's calls: `[{"id", "type": "function", "function": {"name",
+    /// "arguments": {...}}}]`, the arguments as a JSON object (what templates expect; the
+    /// OpenAI API carries them as a string, which the server parses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message's answer to this call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The author's name (OpenAI's `name`; a tool message's function name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    /// A plain message: no tool calls, no name.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
 }
 
 /// Errors from tokenizer and template calls (400 for user input).

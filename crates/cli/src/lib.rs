@@ -91,6 +91,11 @@ struct ServeArgs {
     /// any. Default: none (no CORS headers).
     #[arg(long, env = "TOKENROUTER_ALLOWED_ORIGINS", value_delimiter = ',')]
     allowed_origins: Vec<String>,
+    /// How chat answers' tool calls are read when a request has `tools`: `hermes`
+    /// (`<tool_call>{json}</tool_call>`, Qwen2.5 / Qwen3; also `qwen25`) or `none` (the
+    /// text as written).
+    #[arg(long, default_value = "hermes")]
+    tool_call_parser: tokenrouter_server::ToolCallParser,
 }
 
 #[derive(clap::Args)]
@@ -253,6 +258,7 @@ fn serve(a: ServeArgs) -> Result<()> {
                 .clone()
                 .unwrap_or(defaults.served_model_name.clone()),
             served_model_aliases: system.served_model_aliases.clone(),
+            tool_call_parser: a.tool_call_parser,
             ..defaults
         };
         let backend: Arc<dyn tokenrouter_api::Backend> = Arc::new(engine.clone());

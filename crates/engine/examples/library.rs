@@ -45,10 +45,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 2. A stream, here of a chat prompt rendered with the model's chat template.
     let chat = engine.apply_chat_template(
-        &[ChatMessage {
-            role: "user".into(),
-            content: "Explain in one sentence what a hash map is.".into(),
-        }],
+        &[ChatMessage::new(
+            "user",
+            "Explain in one sentence what a hash map is.",
+        )],
         true,
         &serde_json::json!({}),
     )?;

@@ -25,6 +25,7 @@ pub mod sampling;
 #[cfg(feature = "synth")]
 pub mod synth;
 mod synth_vocab;
+mod template_json;
 mod text;
 mod weights;
 

@@ -7,7 +7,6 @@ use crate::error::{Result, RuntimeError};
 use candle_core::quantized::gguf_file;
 use candle_core::quantized::tokenizer::TokenizerFromGguf;
 use minijinja::{Environment, ErrorKind};
-use serde::Serialize;
 use std::path::Path;
 use tokenizers::Tokenizer;
 
@@ -21,11 +20,9 @@ const END_OF_GENERATION: &[&str] = &[
     "</s>",
 ];
 
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct Message {
-    pub role: String,
-    pub content: String,
-}
+/// A chat message as templates see it (role, content, and an assistant's tool calls or a
+/// tool's result): the API crate's type, so nothing is lost between the server and here.
+pub use tokenrouter_api::ChatMessage as Message;
 
 pub struct TextModel {
     tokenizer: Tokenizer,
@@ -233,6 +230,7 @@ impl TextModel {
         env.set_lstrip_blocks(true);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", crate::template_json::tojson);
         env.add_function(
             "raise_exception",
             |msg: String| -> std::result::Result<String, minijinja::Error> {

@@ -138,10 +138,7 @@ fn chat_template_renders_with_extra_kwargs() {
         &opts(64),
     )
     .unwrap();
-    let msgs = vec![tokenrouter_runtime::Message {
-        role: "user".into(),
-        content: "hi".into(),
-    }];
+    let msgs = vec![tokenrouter_runtime::Message::new("user", "hi")];
     let s = m
         .text
         .apply_chat_template(&msgs, true, &serde_json::json!({"enable_thinking": false}))

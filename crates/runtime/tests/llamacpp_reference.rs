@@ -3,22 +3,13 @@
 //! come from `tokenrouter fetch` (CI runs it first); without them the test says so and
 //! passes only when `TOKENROUTER_NO_SKIP` is unset (scripts/test.sh sets it).
 
+mod fetched;
+
+use fetched::fetched_model;
 use std::path::PathBuf;
 use tokenrouter_runtime::{
     load_model, KvBudget, LoadOptions, Row, Sampler, SamplingParams, StepOptions,
 };
-
-fn cache_models() -> PathBuf {
-    if let Ok(c) = std::env::var("TOKENROUTER_CACHE") {
-        return PathBuf::from(c).join("models");
-    }
-    let home = std::env::var("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
-        });
-    home.join("tokenrouter").join("models")
-}
 
 fn reference(name: &str) -> serde_json::Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -36,19 +27,9 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 }
 
 fn check(name: &str, file: &str) {
-    let path = cache_models().join(file);
-    if !path.exists() {
-        assert!(
-            !std::env::var("TOKENROUTER_NO_SKIP").is_ok_and(|v| !v.is_empty() && v != "0"),
-            "{} missing: run `tokenrouter fetch`",
-            path.display()
-        );
-        eprintln!(
-            "skipping: {} not fetched (run `tokenrouter fetch`)",
-            path.display()
-        );
+    let Some(path) = fetched_model(file) else {
         return;
-    }
+    };
     let r = reference(name);
     let mut m = load_model(
         &path,

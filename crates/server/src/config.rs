@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 pub use crate::cors::CorsPolicy;
+pub use crate::tools::ToolCallParser;
 
 /// Name under which the token-routed (not pinned) model is served, listed first by
 /// `/v1/models`.
@@ -33,6 +34,8 @@ pub struct ServerConfig {
     pub max_prompt_bytes_per_token: usize,
     /// Which browser origins may call the API (CORS); off by default.
     pub cors: CorsPolicy,
+    /// How tool calls are read out of chat answers to requests with `tools`.
+    pub tool_call_parser: ToolCallParser,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +50,7 @@ impl Default for ServerConfig {
             max_top_logprobs: 20,
             max_prompt_bytes_per_token: 64,
             cors: CorsPolicy::Off,
+            tool_call_parser: ToolCallParser::Hermes,
         }
     }
 }

@@ -107,7 +107,7 @@ impl ApiError {
     }
 
     /// OpenAI's `param` field.
-    fn param(&self) -> Option<String> {
+    pub(crate) fn param(&self) -> Option<String> {
         match self {
             ApiError::InvalidJson { param, .. } => param.clone(),
             ApiError::InvalidParam { param, .. } => Some(param.clone()),

@@ -29,11 +29,12 @@ mod shutdown;
 mod state;
 mod stop;
 mod streaming;
+mod tools;
 mod web;
 
 use std::sync::Arc;
 
-pub use config::{CorsPolicy, ServerConfig, DEFAULT_SERVED_MODEL_NAME};
+pub use config::{CorsPolicy, ServerConfig, ToolCallParser, DEFAULT_SERVED_MODEL_NAME};
 pub use error::{ApiError, ServerError};
 pub use shutdown::serve;
 pub use tokenrouter_api::Backend;

@@ -28,6 +28,8 @@ pub struct GenerationPlan {
     pub routing: RoutingOverrides,
     /// Score the prompt with this many alternatives a token (`echo` with `logprobs`).
     pub prompt_logprobs: Option<usize>,
+    /// Read `<tool_call>` blocks of chat answers as `tool_calls` (see `tools`).
+    pub parse_tool_calls: bool,
 }
 
 impl GenerationPlan {
@@ -80,6 +82,7 @@ impl GenerationPlan {
             return_token_sources: fields.return_token_sources.unwrap_or(false),
             routing,
             prompt_logprobs: None,
+            parse_tool_calls: false,
         })
     }
 

@@ -19,6 +19,7 @@ use crate::openai::response::{
 };
 use crate::params::GenerationPlan;
 use crate::provenance::source_name;
+use crate::tools::{read_whole, Shown};
 
 /// Which OpenAI endpoint shape to produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +52,8 @@ pub struct ResponseContext {
     pub include_usage: bool,
     /// `echo` (completions only).
     echo: Option<Echo>,
+    /// Chat answers' `<tool_call>` blocks become `tool_calls`.
+    pub parse_tool_calls: bool,
 }
 
 impl ResponseContext {
@@ -74,6 +77,7 @@ impl ResponseContext {
             return_token_sources: plan.return_token_sources,
             include_usage: plan.include_usage,
             echo: None,
+            parse_tool_calls: plan.parse_tool_calls && kind == Kind::Chat,
         }
     }
 
@@ -271,15 +275,22 @@ impl ResponseContext {
                 choices: outputs
                     .into_iter()
                     .enumerate()
-                    .map(|(index, out)| ChatChoice {
-                        index,
-                        logprobs: self.chat_logprobs(&out.tokens),
-                        ext: self.extension(&out.tokens, &out.text),
-                        message: AssistantMessage {
-                            role: "assistant",
-                            content: out.text,
-                        },
-                        finish_reason: out.finish_reason,
+                    .map(|(index, out)| {
+                        let (content, tool_calls) = match self.parse_tool_calls {
+                            true => read_whole(&out.text),
+                            false => (Some(out.text.clone()), Vec::new()),
+                        };
+                        ChatChoice {
+                            index,
+                            logprobs: self.chat_logprobs(&out.tokens),
+                            ext: self.extension(&out.tokens, &out.text),
+                            finish_reason: tool_finish(out.finish_reason, !tool_calls.is_empty()),
+                            message: AssistantMessage {
+                                role: "assistant",
+                                content,
+                                tool_calls,
+                            },
+                        }
                     })
                     .collect(),
                 usage,
@@ -316,21 +327,30 @@ impl ResponseContext {
         }
     }
 
-    /// One streamed chunk for choice `index`. `first` adds the chat role; `finish` marks
-    /// the choice's last chunk; `provenance` is attached when this is the response's last
-    /// chunk and usage was not requested.
+    /// One streamed chunk for choice `index`. `first` adds the chat role; `shown` is what
+    /// a chat delta shows when tool calls are read (its text without the calls' blocks,
+    /// and the calls it completed); `finish` marks the choice's last chunk; `provenance`
+    /// is attached when this is the response's last chunk and usage was not requested.
     pub fn chunk(
         &self,
         index: usize,
         first: bool,
         delta: &Delta,
+        shown: Option<Shown>,
         finish: Option<&'static str>,
         provenance: Option<Provenance>,
     ) -> String {
         let usage = self.include_usage.then_some(None);
         let result = match self.kind {
             Kind::Chat => {
-                let content = (!delta.text.is_empty() || first).then(|| delta.text.clone());
+                let Shown {
+                    content: text,
+                    calls,
+                } = shown.unwrap_or_else(|| Shown {
+                    content: delta.text.clone(),
+                    calls: Vec::new(),
+                });
+                let content = (!text.is_empty() || first).then_some(text);
                 serde_json::to_string(&ChatChunk {
                     id: self.id.clone(),
                     object: "chat.completion.chunk",
@@ -341,6 +361,7 @@ impl ResponseContext {
                         delta: ChatDelta {
                             role: first.then_some("assistant"),
                             content,
+                            tool_calls: calls,
                         },
                         logprobs: self.chat_logprobs(&delta.tokens),
                         finish_reason: finish,
@@ -390,6 +411,15 @@ impl ResponseContext {
             }),
         };
         result.unwrap_or_default()
+    }
+}
+
+/// A choice's finish reason: a natural stop after tool calls is `tool_calls`, as OpenAI
+/// reports it (a cut by `max_tokens` stays `length`).
+pub fn tool_finish(reason: Option<&'static str>, called: bool) -> Option<&'static str> {
+    match reason {
+        Some("stop") if called => Some("tool_calls"),
+        other => other,
     }
 }
 

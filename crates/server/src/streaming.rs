@@ -16,13 +16,17 @@ use tokenrouter_api::TokenEvent;
 use crate::generation::{ChoiceUpdate, Generation};
 use crate::openai::response::Usage;
 use crate::provenance::ProvenanceCounter;
-use crate::render::ResponseContext;
+use crate::render::{tool_finish, ResponseContext};
+use crate::tools::ToolCallReader;
 
 pub fn sse_response(ctx: ResponseContext, generation: Generation) -> Response {
     let provenance = ProvenanceCounter::new(ctx.names.clone());
     let state = SseState {
         started: vec![false; generation.num_choices],
         echoed: vec![false; generation.num_choices],
+        tool_readers: (0..generation.num_choices)
+            .map(|_| ToolCallReader::default())
+            .collect(),
         finished: 0,
         done: false,
         ctx,
@@ -48,6 +52,8 @@ struct SseState {
     started: Vec<bool>,
     /// Whether each choice's prompt was shown (`echo`).
     echoed: Vec<bool>,
+    /// Each choice's tool calls, read as its text arrives (when the request reads them).
+    tool_readers: Vec<ToolCallReader>,
     finished: usize,
     done: bool,
 }
@@ -110,7 +116,16 @@ impl SseState {
                 provenance = Some(self.provenance.snapshot());
             }
         }
-        let chunk = self.ctx.chunk(index, first, &delta, reason, provenance);
+        let (shown, reason) = match self.tool_readers.get_mut(index) {
+            Some(reader) if self.ctx.parse_tool_calls => {
+                let shown = reader.push(&delta.text, reason.is_some());
+                (Some(shown), tool_finish(reason, reader.called()))
+            }
+            _ => (None, reason),
+        };
+        let chunk = self
+            .ctx
+            .chunk(index, first, &delta, shown, reason, provenance);
         events.push(Event::default().data(chunk));
         Some(events)
     }

@@ -7,11 +7,12 @@ it works the same against the real engine):
     python3 crates/server/tests/openai_client.py --base-url http://127.0.0.1:30000/v1 [--api-key KEY]
 
 Covers: models, chat, completion, streaming with usage, stop, n=2, logprobs (chat and
-legacy), provenance extensions, error statuses, and that a client disconnect aborts the
-request (seen in /metrics). Prints "N passed, N failed" and exits non-zero on any failure.
+legacy), tool calls (whole, streamed, and fed back), provenance extensions, error statuses,
+and that a client disconnect aborts the request (seen in /metrics). Prints "N passed, N failed" and exits non-zero on any failure.
 """
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -135,6 +136,40 @@ class Suite:
         lp = r.choices[0].logprobs
         check(len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == 4, lp)
         check(all(len(t) >= 1 for t in lp.top_logprobs), lp.top_logprobs)
+
+    def test_tool_calls(self):
+        # The mock answers a prompt that lists tools with a call of the first one.
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}}]
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        r = self.chat(messages=messages, tools=tools, max_tokens=128)
+        c = r.choices[0]
+        check(c.finish_reason == "tool_calls", c.finish_reason)
+        calls = c.message.tool_calls
+        check(calls and calls[0].type == "function" and calls[0].function.name == "get_weather", calls)
+        check(json.loads(calls[0].function.arguments) == {"city": "Paris"}, calls[0].function.arguments)
+        check(not c.message.content, c.message.content)
+        # Streamed: the deltas accumulated by index, as clients do.
+        acc = {}
+        finish = None
+        for chunk in self.chat(messages=messages, tools=tools, max_tokens=128, stream=True):
+            for d in chunk.choices[0].delta.tool_calls or []:
+                entry = acc.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                entry["id"] = d.id or entry["id"]
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+        check(finish == "tool_calls", finish)
+        check(list(acc) == [0] and acc[0]["name"] == "get_weather" and acc[0]["id"], acc)
+        check(json.loads(acc[0]["arguments"]) == {"city": "Paris"}, acc)
+        # The call and its result go back; the model answers in text.
+        messages += [c.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": calls[0].id, "content": "18 C"}]
+        r = self.chat(messages=messages, tools=tools, max_tokens=16)
+        check(r.choices[0].message.content and not r.choices[0].message.tool_calls, r.choices[0])
+        check(r.choices[0].finish_reason in ("stop", "length"), r.choices[0].finish_reason)
 
     def test_errors(self):
         def expect(exc, fn):

@@ -31,10 +31,7 @@ pub fn read_prompts(path: &Path, raw: bool) -> Result<Vec<Prompt>> {
             out.push(if raw {
                 Prompt::Raw(p.to_string())
             } else {
-                Prompt::Chat(vec![Message {
-                    role: "user".into(),
-                    content: p.to_string(),
-                }])
+                Prompt::Chat(vec![Message::new("user", p)])
             });
         } else if let Some(t) = v.get("text").and_then(|p| p.as_str()) {
             out.push(Prompt::Raw(t.to_string()));

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use tokenrouter_api::{
     Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, SubmitError, TextError,
 };
-use tokenrouter_runtime::{Message, Sampler};
+use tokenrouter_runtime::Sampler;
 
 impl Backend for Engine {
     fn models(&self) -> Vec<ModelInfo> {
@@ -59,14 +59,7 @@ impl Backend for Engine {
         let t = self
             .text()
             .ok_or_else(|| TextError::Template("the models are still loading".into()))?;
-        let msgs: Vec<Message> = messages
-            .iter()
-            .map(|m| Message {
-                role: m.role.clone(),
-                content: m.content.clone(),
-            })
-            .collect();
-        t.apply_chat_template(&msgs, add_generation_prompt, kwargs)
+        t.apply_chat_template(messages, add_generation_prompt, kwargs)
             .map_err(|e| TextError::Template(e.to_string()))
     }
 

@@ -72,8 +72,10 @@ pub struct ChatFields {
     pub top_logprobs: Option<u64>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
     pub add_generation_prompt: Option<bool>,
-    /// Passed to the chat template as the `tools` variable.
+    /// Passed to the chat template as the `tools` variable (checked in `tools::ToolUse`).
     pub tools: Option<Vec<Value>>,
+    /// `"auto"` (the default), `"none"`; `"required"` and named functions are refused.
+    pub tool_choice: Option<Value>,
 }
 
 /// One chat message; `content` may be a string, a list of text parts, or null.
@@ -81,6 +83,11 @@ pub struct ChatFields {
 pub struct RequestMessage {
     pub role: String,
     pub content: Option<MessageContent>,
+    /// An assistant's earlier calls, fed back to the template.
+    pub tool_calls: Option<Vec<Value>>,
+    /// A tool message's call id.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

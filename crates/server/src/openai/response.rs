@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+pub use crate::tools::ToolCall;
+
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
@@ -78,7 +80,10 @@ pub struct ChatChoice {
 #[derive(Debug, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is tool calls alone.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 #[derive(Debug, Serialize)]
@@ -111,6 +116,9 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Calls completed in this chunk, each whole (`index` counts the choice's calls).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// `choices[].logprobs` of chat: `{"content": [...]}`.

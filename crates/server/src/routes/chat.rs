@@ -1,5 +1,6 @@
 //! `POST /v1/chat/completions`: messages → chat template (with `chat_template_kwargs`, and
-//! `tools` as a template variable) → token ids → generation.
+//! `tools` as a template variable, assistant `tool_calls` and tool results in the messages)
+//! → token ids → generation; the answer's tool calls are read out in `render` (`tools`).
 
 use std::time::Instant;
 
@@ -15,6 +16,7 @@ use crate::params::{chat_logprobs, GenerationPlan};
 use crate::render::Kind;
 use crate::respond::respond;
 use crate::state::AppState;
+use crate::tools::{template_tool_calls, ToolUse};
 
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -31,7 +33,13 @@ pub async fn chat_completions(
         (None, None) => None,
     };
     let logprobs = chat_logprobs(chat.logprobs, chat.top_logprobs, &state.config)?;
-    let plan = GenerationPlan::new(common, model, max_tokens, logprobs, &state.config)?;
+    let mut plan = GenerationPlan::new(common, model, max_tokens, logprobs, &state.config)?;
+    let tool_use = ToolUse::new(
+        chat.tools,
+        chat.tool_choice.as_ref(),
+        state.config.tool_call_parser,
+    )?;
+    plan.parse_tool_calls = tool_use.parse_calls;
     let text_bytes: usize = chat
         .messages
         .iter()
@@ -47,7 +55,8 @@ pub async fn chat_completions(
         .sum();
     state.check_prompt_size(text_bytes, plan.model.context_length)?;
     let messages = to_chat_messages(&chat.messages)?;
-    let (blocking_state, kwargs, tools) = (state.clone(), chat.chat_template_kwargs, chat.tools);
+    let (blocking_state, kwargs, tools) =
+        (state.clone(), chat.chat_template_kwargs, tool_use.tools);
     let add_generation_prompt = chat.add_generation_prompt.unwrap_or(true);
     // Template and tokenizer run on the blocking pool: a large conversation never stalls
     // the executor that answers `/health` and the other clients.
@@ -155,9 +164,21 @@ pub(crate) fn to_chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMe
                     ),
                 ));
             }
+            let tool_calls = match (&m.tool_calls, m.role.as_str()) {
+                (None, _) => None,
+                (Some(calls), "assistant") => Some(template_tool_calls(i, calls)?),
+                (Some(_), _) => {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].tool_calls"),
+                        "only assistant messages carry `tool_calls`",
+                    ))
+                }
+            };
             Ok(ChatMessage {
-                role: m.role.clone(),
-                content,
+                tool_calls,
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
+                ..ChatMessage::new(m.role.clone(), content)
             })
         })
         .collect()

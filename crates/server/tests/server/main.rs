@@ -11,3 +11,4 @@ mod mock;
 mod openai_client;
 mod shutdown;
 mod streaming;
+mod tools;

@@ -40,6 +40,9 @@ pub struct MockConfig {
     pub max_running: Option<usize>,
     /// Emit an engine error instead of the token at this position.
     pub error_at: Option<usize>,
+    /// Answer like a tool-using model: a prompt listing tools (`<tools>`) and no tool
+    /// result yet gets a `<tool_call>` of the first tool with `{"city": "Paris"}`.
+    pub calls_tools: bool,
 }
 
 impl Default for MockConfig {
@@ -59,6 +62,7 @@ impl Default for MockConfig {
             ready: true,
             max_running: None,
             error_at: None,
+            calls_tools: false,
         }
     }
 }
@@ -115,11 +119,29 @@ impl MockBackend {
 
     /// The text the generator writes for `request` (before max_tokens / stop ids).
     pub fn script_for(&self, request: &GenerateRequest) -> String {
+        if self.cfg.calls_tools {
+            let prompt = self.decode(&request.prompt_ids, false).unwrap_or_default();
+            if let Some(call) = tool_call_answer(&prompt) {
+                return call;
+            }
+        }
         match request.sampling.seed {
             Some(seed) => format!("seed {seed}: {}", self.cfg.script),
             None => self.cfg.script.clone(),
         }
     }
+}
+
+/// A call of the first tool the prompt lists, unless a tool already answered.
+fn tool_call_answer(prompt: &str) -> Option<String> {
+    if prompt.contains("<tool_response>") {
+        return None;
+    }
+    let listed = prompt.split_once("<tools>")?.1.split_once("</tools>")?.0;
+    let tools: Vec<Value> = serde_json::from_str(listed).ok()?;
+    let name = tools.first()?["function"]["name"].as_str()?.to_string();
+    let call = serde_json::json!({"name": name, "arguments": {"city": "Paris"}});
+    Some(format!("<tool_call>\n{call}\n</tool_call>"))
 }
 
 fn lock(log: &Mutex<MockLog>) -> MutexGuard<'_, MockLog> {
@@ -193,14 +215,20 @@ impl Backend for MockBackend {
         lock(&self.log).last_template =
             Some((messages.to_vec(), add_generation_prompt, kwargs.clone()));
         let mut out = String::new();
+        if let Some(tools) = kwargs.get("tools") {
+            out.push_str(&format!(
+                "<|im_start|>system\n<tools>{tools}</tools><|im_end|>\n"
+            ));
+        }
         for m in messages {
             if !["system", "user", "assistant", "tool"].contains(&m.role.as_str()) {
                 return Err(TextError::Template(format!("unknown role {:?}", m.role)));
             }
-            out.push_str(&format!(
-                "<|im_start|>{}\n{}<|im_end|>\n",
-                m.role, m.content
-            ));
+            let content = match m.role.as_str() {
+                "tool" => format!("<tool_response>{}</tool_response>", m.content),
+                _ => m.content.clone(),
+            };
+            out.push_str(&format!("<|im_start|>{}\n{content}<|im_end|>\n", m.role));
         }
         if add_generation_prompt {
             out.push_str("<|im_start|>assistant\n");

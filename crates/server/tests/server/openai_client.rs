@@ -32,6 +32,7 @@ async fn official_openai_client_end_to_end() {
     }
     let m = MockBackend::new(MockConfig {
         token_delay: Duration::from_millis(2),
+        calls_tools: true,
         ..MockConfig::default()
     });
     let cfg = ServerConfig {
