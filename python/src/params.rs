@@ -174,6 +174,7 @@ impl Params {
             top_logprobs: 0,
             routing: self.routing.clone(),
             prompt_logprobs: self.input_logprobs.map(|i| i.top),
+            constraint: None,
         }
     }
 

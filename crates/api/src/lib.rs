@@ -199,6 +199,27 @@ pub struct GenerateRequest {
     /// scores would not be the routed system's).
     #[serde(default)]
     pub prompt_logprobs: Option<usize>,
+    /// Structured output: every token is chosen among those that can continue the
+    /// constraint (`response_format` JSON modes, vLLM's `guided_*`); a pinned or routed
+    /// request alike, whichever model writes a position.
+    #[serde(default)]
+    pub constraint: Option<OutputConstraint>,
+}
+
+/// What a constrained request's output must be (see `GenerateRequest::constraint`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", content = "value", rename_all = "snake_case")]
+pub enum OutputConstraint {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// JSON valid under this schema (`json_schema`, `guided_json`).
+    JsonSchema(serde_json::Value),
+    /// Text the whole of which matches this regular expression (`guided_regex`).
+    Regex(String),
+    /// Exactly one of these strings (`guided_choice`).
+    Choice(Vec<String>),
+    /// A grammar in llguidance's Lark dialect (`guided_grammar`).
+    Lark(String),
 }
 
 impl GenerateRequest {
@@ -421,6 +442,7 @@ mod tests {
             top_logprobs: 0,
             routing: RoutingOverrides::default(),
             prompt_logprobs: None,
+            constraint: None,
         }
     }
 

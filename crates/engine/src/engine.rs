@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokenrouter_api::{
     Backend, FinishReason, GenerateEvent, GenerateRequest, GenerateStream, ModelInfo, SubmitError,
 };
+use tokenrouter_grammar::{GrammarCompiler, GrammarError};
 use tokenrouter_runtime::TextModel;
 
 mod backend;
@@ -100,6 +101,8 @@ struct Inner {
     tuner_stop: Arc<AtomicBool>,
     remote_rt: Mutex<Option<RemoteRuntime>>,
     remote_stats: Arc<crate::remote::ProxyStats>,
+    /// Structured output's token table, built at the first constrained request.
+    grammar: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
 }
 
 /// The running engine; cheap to clone.
@@ -216,6 +219,7 @@ impl Engine {
             tuner_stop: Arc::new(AtomicBool::new(false)),
             remote_rt: Mutex::new(None),
             remote_stats: Default::default(),
+            grammar: OnceLock::new(),
         });
         let engine = Engine { inner };
         let e2 = engine.clone();
@@ -519,6 +523,7 @@ impl GenerateParams {
             top_logprobs: 0,
             routing: Default::default(),
             prompt_logprobs: None,
+            constraint: None,
         }
     }
 }

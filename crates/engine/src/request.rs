@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokenrouter_api::{FinishReason, GenerateEvent, ModelIndex, RoutingOverrides, TokenEvent};
+use tokenrouter_grammar::Grammar;
 use tokenrouter_runtime::Sampler;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -52,6 +53,11 @@ pub struct Req {
     pub prompt_logprobs: Option<usize>,
     /// The request's overrides of the routing kwargs (checked at submission).
     pub routing: RoutingOverrides,
+    /// Structured output: the constraint's state, advanced by each kept token (so it
+    /// travels with the request and holds whichever model writes next).
+    pub grammar: Option<Box<Grammar>>,
+    /// Why the request must fail at its model's next look at it (its constraint failed).
+    pub fault: Option<String>,
     /// Tokens written by the current model since the request arrived there.
     pub visit_tokens: usize,
     /// The model the request came from and when it left there (hand-off latency).
@@ -89,6 +95,8 @@ impl Req {
             top_logprobs,
             prompt_logprobs: None,
             routing: RoutingOverrides::default(),
+            grammar: None,
+            fault: None,
             visit_tokens: 0,
             handed_off: None,
             low_water,
@@ -99,6 +107,12 @@ impl Req {
     /// The request's own routing kwargs (see `tokenrouter_api::RoutingOverrides`).
     pub fn with_routing(mut self, routing: RoutingOverrides) -> Self {
         self.routing = routing;
+        self
+    }
+
+    /// Hold the output to a constraint (see [`Req::grammar`]).
+    pub fn with_grammar(mut self, grammar: Option<Grammar>) -> Self {
+        self.grammar = grammar.map(Box::new);
         self
     }
 
@@ -156,6 +170,11 @@ impl Req {
 
     /// Append a written token and stream it out.
     pub fn push_token(&mut self, ev: TokenEvent) {
+        if let Some(grammar) = self.grammar.as_mut() {
+            if let Err(e) = grammar.accept(ev.id) {
+                self.fault = Some(e.to_string());
+            }
+        }
         let pos = self.output.len();
         self.sampler.observe(ev.id);
         self.output.push(ev.id);
@@ -167,6 +186,11 @@ impl Req {
     /// Drop the last `n` output tokens (a receiver refused part of a delta).
     pub fn drop_last(&mut self, n: usize) {
         let keep = self.output.len().saturating_sub(n);
+        if let Some(grammar) = self.grammar.as_mut() {
+            if let Err(e) = grammar.rollback(self.output.len() - keep) {
+                self.fault = Some(e.to_string());
+            }
+        }
         self.output.truncate(keep);
         self.sources.truncate(keep);
         self.low_water = self.low_water.min(self.total_len());
@@ -233,6 +257,10 @@ impl Req {
             if self.stop_ids.contains(last) {
                 return Some(FinishReason::Stop);
             }
+        }
+        // The constraint is complete: nothing but an end could follow.
+        if self.grammar.as_ref().is_some_and(|g| g.must_end()) {
+            return Some(FinishReason::Stop);
         }
         if self.output.len() >= self.max_tokens || self.total_len() >= context_limit {
             return Some(FinishReason::Length);

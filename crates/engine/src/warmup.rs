@@ -58,6 +58,7 @@ pub(crate) fn warm_up(engine: &Engine, shared: &Shared) -> Result<(), EngineErro
             top_logprobs: 0,
             routing: Default::default(),
             prompt_logprobs: None,
+            constraint: None,
         };
         streams.push(
             engine

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 use tokenrouter_api::{
-    Backend, FinishReason, GenerateEvent, GenerateStream, TextError, TokenEvent,
+    Backend, FinishReason, GenerateEvent, GenerateStream, SubmitError, TextError, TokenEvent,
 };
 use tokio::sync::watch;
 
@@ -62,7 +62,14 @@ impl Generation {
             requests.extend(plan.requests(prompt)?);
         }
         // All choices of all prompts are admitted together or not at all.
-        let streams = state.backend.submit_all(requests)?;
+        let streams = state.backend.submit_all(requests).map_err(|e| match e {
+            // The engine names a constraint `constraint`; the client sent its own field.
+            SubmitError::InvalidField { param, message } if param == "constraint" => {
+                let field = plan.constraint.as_ref().map_or("constraint", |(_, f)| *f);
+                ApiError::invalid(field, message)
+            }
+            e => ApiError::from(e),
+        })?;
         let prompt_tokens = prompts.iter().map(Vec::len).sum::<usize>() * plan.n;
         let num_choices = streams.len();
         let choices = stream::select_all(streams.into_iter().enumerate().map(|(index, s)| {

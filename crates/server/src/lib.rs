@@ -12,6 +12,7 @@
 mod auth;
 mod choice;
 mod config;
+mod constraint;
 mod cors;
 mod detok;
 mod echo;

@@ -1,9 +1,10 @@
 //! Validation of the sampling fields shared by chat and completions, and their mapping onto
 //! the engine's [`GenerateRequest`]. Every rejection is a 400 naming the field in `param`.
 
-use tokenrouter_api::{GenerateRequest, RoutingOverrides, SamplingParams};
+use tokenrouter_api::{GenerateRequest, OutputConstraint, RoutingOverrides, SamplingParams};
 
 use crate::config::ServerConfig;
+use crate::constraint::output_constraint;
 use crate::error::ApiError;
 use crate::openai::request::CommonFields;
 use crate::state::ModelChoice;
@@ -30,6 +31,8 @@ pub struct GenerationPlan {
     pub prompt_logprobs: Option<usize>,
     /// Read `<tool_call>` blocks of chat answers as `tool_calls` (see `tools`).
     pub parse_tool_calls: bool,
+    /// Structured output, and the request field that asked for it.
+    pub constraint: Option<(OutputConstraint, &'static str)>,
 }
 
 impl GenerationPlan {
@@ -59,7 +62,7 @@ impl GenerationPlan {
             Some((v, _)) => Some(usize::try_from(v).unwrap_or(usize::MAX)),
             None => None,
         };
-        check_response_format(fields.response_format.as_ref())?;
+        let constraint = output_constraint(&fields)?;
         let sampling = sampling_params(&fields)?;
         let routing = routing_overrides(fields.routing.as_ref())?;
         let stream = fields.stream.unwrap_or(false);
@@ -83,6 +86,7 @@ impl GenerationPlan {
             routing,
             prompt_logprobs: None,
             parse_tool_calls: false,
+            constraint,
         })
     }
 
@@ -106,6 +110,7 @@ impl GenerationPlan {
                     top_logprobs: self.logprobs.unwrap_or(0),
                     routing: self.routing.clone(),
                     prompt_logprobs: self.prompt_logprobs,
+                    constraint: self.constraint.as_ref().map(|(c, _)| c.clone()),
                 }
             })
             .collect())
@@ -172,30 +177,6 @@ fn bounded_logprobs(param: &str, k: u64, cfg: &ServerConfig) -> Result<usize, Ap
         ));
     }
     Ok(k as usize)
-}
-
-/// `response_format`: plain text is what every answer is; JSON modes (`json_object`,
-/// `json_schema`) would need decoding constrained to a grammar, which tokenrouter does not
-/// do, so they are refused rather than answered with text that may not parse.
-fn check_response_format(format: Option<&serde_json::Value>) -> Result<(), ApiError> {
-    let Some(format) = format else {
-        return Ok(());
-    };
-    match format.get("type").and_then(|t| t.as_str()) {
-        Some("text") => Ok(()),
-        Some(other) => Err(ApiError::invalid(
-            "response_format",
-            format!(
-                "`response_format` of type `{}` is not supported: decoding is not constrained to \
-                 JSON here; ask for JSON in the prompt, or send `{{\"type\": \"text\"}}`",
-                crate::error::truncate_for_echo(other)
-            ),
-        )),
-        None => Err(ApiError::invalid(
-            "response_format",
-            "`response_format` must be an object with a string `type`",
-        )),
-    }
 }
 
 /// The request's sampling fields as the engine's type; the value rules are

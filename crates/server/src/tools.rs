@@ -7,6 +7,7 @@
 
 use serde::Serialize;
 use serde_json::{Map, Value};
+use tokenrouter_api::OutputConstraint;
 
 use crate::error::ApiError;
 
@@ -37,17 +38,20 @@ impl std::str::FromStr for ToolCallParser {
 }
 
 /// What a chat request asks of tools, checked: the tools for the template (`None` when
-/// there are none or `tool_choice` is `"none"`), and whether to parse calls.
+/// there are none or `tool_choice` is `"none"`), whether to parse calls, and for
+/// `"required"` or a named function the constraint that makes the answer such a call.
 #[derive(Debug, Default)]
 pub struct ToolUse {
     pub tools: Option<Vec<Value>>,
     pub parse_calls: bool,
+    pub constraint: Option<OutputConstraint>,
 }
 
 impl ToolUse {
     /// Checks `tools` (each `{"type": "function", "function": {"name": ...}}`) and
-    /// `tool_choice`. `"required"` and a named function are refused: they need decoding
-    /// constrained to a call, which this server does not do.
+    /// `tool_choice`. `"required"` (a call of some tool) and a named function (a call of
+    /// that one) constrain the answer to one Hermes call, its arguments valid under the
+    /// tool's `parameters` schema.
     pub fn new(
         tools: Option<Vec<Value>>,
         tool_choice: Option<&Value>,
@@ -57,36 +61,96 @@ impl ToolUse {
         for (i, tool) in tools.iter().enumerate() {
             check_tool(i, tool)?;
         }
-        let auto =
+        let forced: Option<Vec<&Value>> =
             match tool_choice {
-                None => true,
-                Some(Value::String(s)) if s == "auto" => true,
-                Some(Value::String(s)) if s == "none" => false,
-                Some(Value::String(s)) if s == "required" => {
-                    return Err(ApiError::invalid(
-                        "tool_choice",
-                        "`tool_choice: \"required\"` needs decoding constrained to a tool call, \
-                     which this server does not do; use \"auto\" (the default)",
-                    ))
-                }
-                Some(Value::Object(_)) => return Err(ApiError::invalid(
-                    "tool_choice",
-                    "a named `tool_choice` needs decoding constrained to that function's call, \
-                     which this server does not do; use \"auto\" (the default)",
-                )),
+                None => None,
+                Some(Value::String(s)) if s == "auto" => None,
+                Some(Value::String(s)) if s == "none" => return Ok(Self::default()),
+                Some(Value::String(s)) if s == "required" => Some(tools.iter().collect()),
+                Some(Value::Object(choice)) => Some(vec![named_tool(choice, &tools)?]),
                 Some(_) => return Err(ApiError::invalid(
                     "tool_choice",
                     "`tool_choice` must be \"auto\", \"none\", \"required\" or a named function",
                 )),
             };
-        if !auto || tools.is_empty() {
-            return Ok(Self::default());
-        }
+        let constraint = match forced {
+            None if tools.is_empty() => return Ok(Self::default()),
+            None => None,
+            Some(choices) if choices.is_empty() => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "`tool_choice` asks for a tool call, but `tools` is empty",
+                ))
+            }
+            Some(_) if parser != ToolCallParser::Hermes => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "a forced tool call needs the server's tool call parser \
+                     (`--tool-call-parser hermes`)",
+                ))
+            }
+            Some(choices) => Some(call_grammar(&choices)),
+        };
         Ok(Self {
             tools: Some(tools),
             parse_calls: parser == ToolCallParser::Hermes,
+            constraint,
         })
     }
+}
+
+/// The tool a named `tool_choice` (`{"type": "function", "function": {"name"}}`) picks.
+fn named_tool<'a>(choice: &Map<String, Value>, tools: &'a [Value]) -> Result<&'a Value, ApiError> {
+    let name = choice
+        .get("function")
+        .and_then(|f| f.get("name"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "tool_choice",
+                "a named `tool_choice` is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+            )
+        })?;
+    tools
+        .iter()
+        .find(|t| tool_name(t) == Some(name))
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "tool_choice",
+                format!(
+                    "`tool_choice` names `{}`, which is not among `tools`",
+                    crate::error::truncate_for_echo(name)
+                ),
+            )
+        })
+}
+
+fn tool_name(tool: &Value) -> Option<&str> {
+    tool.get("function")?.get("name")?.as_str()
+}
+
+/// A Lark grammar (llguidance's dialect) for one Hermes call of one of `tools`, written as
+/// the template shows calls (`{"name": "...", "arguments": {...}}`), its arguments valid
+/// under the tool's `parameters` (any object if it has none).
+fn call_grammar(tools: &[&Value]) -> OutputConstraint {
+    // Lark string literals take JSON's quoting.
+    let literal = |s: &str| Value::from(s).to_string();
+    let calls: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
+    let mut rules = vec![format!("start: {}", calls.join(" | "))];
+    for (call, tool) in calls.iter().zip(tools) {
+        let name = Value::from(tool_name(tool).unwrap_or_default()).to_string();
+        let schema = tool["function"]
+            .get("parameters")
+            .filter(|p| p.is_object())
+            .cloned()
+            .unwrap_or_else(|| serde_json::json!({"type": "object"}));
+        rules.push(format!(
+            "{call}: {} %json {schema} {}",
+            literal(&format!("{START}\n{{\"name\": {name}, \"arguments\": ")),
+            literal(&format!("}}\n{END}")),
+        ));
+    }
+    OutputConstraint::Lark(rules.join("\n"))
 }
 
 fn check_tool(i: usize, tool: &Value) -> Result<(), ApiError> {
@@ -417,7 +481,7 @@ mod tests {
         let tool = json!({"type": "function", "function": {"name": "f", "parameters": {}}});
         let parser = ToolCallParser::Hermes;
         let use_ = ToolUse::new(Some(vec![tool.clone()]), None, parser).unwrap();
-        assert!(use_.parse_calls && use_.tools.is_some());
+        assert!(use_.parse_calls && use_.tools.is_some() && use_.constraint.is_none());
         let none = ToolUse::new(Some(vec![tool.clone()]), Some(&json!("none")), parser).unwrap();
         assert!(!none.parse_calls && none.tools.is_none());
         let off = ToolUse::new(Some(vec![tool.clone()]), None, ToolCallParser::None).unwrap();
@@ -426,11 +490,31 @@ mod tests {
         for choice in [
             json!("required"),
             json!({"type": "function", "function": {"name": "f"}}),
-            json!(3),
         ] {
-            let err = ToolUse::new(Some(vec![tool.clone()]), Some(&choice), parser).unwrap_err();
-            assert_eq!(err.param().as_deref(), Some("tool_choice"));
+            let forced = ToolUse::new(Some(vec![tool.clone()]), Some(&choice), parser).unwrap();
+            assert!(forced.parse_calls && forced.tools.is_some());
+            let Some(OutputConstraint::Lark(grammar)) = forced.constraint else {
+                panic!("{choice}: no grammar");
+            };
+            let want = r#"start: call0
+call0: "<tool_call>\n{\"name\": \"f\", \"arguments\": " %json {} "}\n</tool_call>""#;
+            assert_eq!(grammar, want);
         }
+        for (choice, tools) in [
+            (
+                json!({"type": "function", "function": {"name": "g"}}),
+                vec![tool.clone()],
+            ),
+            (json!({"type": "function"}), vec![tool.clone()]),
+            (json!("required"), vec![]),
+            (json!(3), vec![tool.clone()]),
+        ] {
+            let err = ToolUse::new(Some(tools), Some(&choice), parser).unwrap_err();
+            assert_eq!(err.param().as_deref(), Some("tool_choice"), "{choice}");
+        }
+        let required = Some(&json!("required"));
+        let err = ToolUse::new(Some(vec![tool.clone()]), required, ToolCallParser::None);
+        assert_eq!(err.unwrap_err().param().as_deref(), Some("tool_choice"));
         for (bad, param) in [
             (json!("f"), "tools[1]"),
             (json!({"type": "code_interpreter"}), "tools[1]"),

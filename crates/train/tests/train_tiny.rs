@@ -478,6 +478,7 @@ fn a_router_trained_on_the_tiny_pair_serves_through_r2r() {
                     [("threshold".to_string(), report.at_threshold.threshold)].into(),
                 ),
                 prompt_logprobs: None,
+                constraint: None,
             })
             .unwrap();
         let mut tokens = 0;

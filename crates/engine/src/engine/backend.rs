@@ -2,14 +2,21 @@
 //! and request submission (validation, sampling state, hand-over to the inter-model loop).
 
 use super::Engine;
+use crate::config::NamedModel;
 use crate::exchange::ToExchange;
 use crate::request::Req;
 use crate::subserver::Shared;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use tokenrouter_api::{
     Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, SubmitError, TextError,
 };
-use tokenrouter_runtime::Sampler;
+use tokenrouter_grammar::{Grammar, GrammarCompiler, GrammarError};
+use tokenrouter_runtime::{Sampler, TextModel};
+
+/// The request field a constraint came in, as the engine names it in errors (front ends
+/// name their own field: the server's `response_format` or `guided_*`).
+pub const CONSTRAINT_PARAM: &str = "constraint";
 
 impl Backend for Engine {
     fn models(&self) -> Vec<ModelInfo> {
@@ -200,6 +207,11 @@ impl Engine {
             .iter()
             .map(|request| validate(request, shared))
             .collect::<Result<Vec<_>, _>>()?;
+        let mut grammars = requests
+            .iter()
+            .map(|request| self.grammar_for(request, &text))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter();
         let n = requests.len();
         let limit = self.inner.config.system.max_queued_requests;
         if let Err(active) = shared
@@ -242,6 +254,7 @@ impl Engine {
         for (i, (request, max_tokens)) in requests.into_iter().zip(bounds).enumerate() {
             let len = request.prompt_ids.len();
             let (req, stream) = self.build_req(request, max_tokens, text.eos_ids());
+            let req = req.with_grammar(grammars.next().flatten());
             self.inner.metrics.active.inc();
             if tx.send(ToExchange::Submit(Box::new(req))).is_err() {
                 // The loop is gone: this and the unsent ones were never admitted (the ones
@@ -257,6 +270,50 @@ impl Engine {
             streams.push(stream);
         }
         Ok(streams)
+    }
+
+    /// A constrained request's grammar state (`GenerateRequest::constraint`). Every model
+    /// that may write the answer must be in this process: the state lives with the request.
+    fn grammar_for(
+        &self,
+        request: &GenerateRequest,
+        text: &TextModel,
+    ) -> Result<Option<Grammar>, SubmitError> {
+        let Some(constraint) = &request.constraint else {
+            return Ok(None);
+        };
+        let models = &self.inner.config.models;
+        let visits: Vec<&NamedModel> = match request.pinned_model {
+            Some(p) => models.get(p).into_iter().collect(),
+            None => models.iter().collect(),
+        };
+        if let Some(remote) = visits.iter().find(|m| m.address.is_some()) {
+            return Err(SubmitError::InvalidField {
+                param: CONSTRAINT_PARAM.into(),
+                message: format!(
+                    "structured output needs every model that may write the answer in this \
+                     process, and model `{}` is served by another one",
+                    remote.name
+                ),
+            });
+        }
+        let compiler = self
+            .inner
+            .grammar
+            .get_or_init(|| {
+                GrammarCompiler::new(text.tokenizer(), text.vocab_len(), text.eos_ids())
+                    .map(Arc::new)
+            })
+            .clone()
+            .map_err(|e| SubmitError::InvalidRequest(e.to_string()))?;
+        match compiler.compile(constraint) {
+            Ok(grammar) => Ok(Some(grammar)),
+            Err(GrammarError::Invalid(reason)) => Err(SubmitError::InvalidField {
+                param: CONSTRAINT_PARAM.into(),
+                message: format!("invalid output constraint: {reason}"),
+            }),
+            Err(e) => Err(SubmitError::InvalidRequest(e.to_string())),
+        }
     }
 
     /// The engine-side request (sampling state, stop ids) and the client's stream.

@@ -61,6 +61,11 @@ impl SubServer {
         let mut done = Vec::new();
         let mut failed = Vec::new();
         for ((mut req, s), d) in running.into_iter().zip(sampled).zip(decisions) {
+            if let Some(fault) = req.fault.take() {
+                req.fail(fault);
+                failed.push(req);
+                continue;
+            }
             if s.logprob.is_nan() {
                 // This row's distribution is invalid: only its request fails.
                 req.fail(format!(
@@ -90,6 +95,11 @@ impl SubServer {
                     top_logprobs: s.top,
                     router_score: d.score,
                 });
+                if let Some(fault) = req.fault.take() {
+                    req.fail(fault);
+                    failed.push(req);
+                    continue;
+                }
                 self.shared
                     .metrics
                     .tokens
@@ -131,7 +141,7 @@ impl SubServer {
             tracing::error!(
                 model = self.name(),
                 rows = failed.len(),
-                "rows with NaN logits failed"
+                "rows failed (NaN logits or a failed output constraint)"
             );
             self.shared
                 .metrics

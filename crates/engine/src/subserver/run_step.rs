@@ -69,10 +69,9 @@ impl SubServer {
         let limit = self.sample_limit;
         let on_device = !self.runner.model().device().is_cpu()
             && self.needs.no_logits
-            && self
-                .running
-                .iter()
-                .all(|r| r.top_logprobs == 0 && r.sampler.config.is_plain_greedy());
+            && self.running.iter().all(|r| {
+                r.top_logprobs == 0 && r.sampler.config.is_plain_greedy() && r.grammar.is_none()
+            });
         let (want_entropy, want_top) = (self.needs.entropy, self.needs.top_logits);
         let opts = StepOptions {
             want_hidden: self.needs.hidden,
@@ -130,22 +129,33 @@ impl SubServer {
         })
     }
 
-    /// Each request's own sampler over its row. A row with NaN logits is not sampled (it
-    /// fails alone, after the step).
+    /// Each request's own sampler over its row (a copy masked by its constraint, if it has
+    /// one: the policy sees the model's own distribution). A row with NaN logits, or whose
+    /// constraint failed, is not sampled (it fails alone, after the step).
     fn sample_on_host(&mut self, logits: &[Vec<f32>]) -> Vec<Sampled> {
         let limit = self.sample_limit;
         self.running
             .iter_mut()
             .zip(logits)
             .map(|(r, l)| {
+                let unsampled = Sampled {
+                    token: 0,
+                    logprob: f32::NAN,
+                    top: Vec::new(),
+                };
                 if l[..limit.min(l.len())].iter().any(|x| x.is_nan()) {
-                    Sampled {
-                        token: 0,
-                        logprob: f32::NAN,
-                        top: Vec::new(),
+                    return unsampled;
+                }
+                let Some(grammar) = r.grammar.as_mut() else {
+                    return r.sampler.sample(l, limit, r.top_logprobs);
+                };
+                let mut masked = l.clone();
+                match grammar.mask(&mut masked) {
+                    Ok(()) => r.sampler.sample(&masked, limit, r.top_logprobs),
+                    Err(e) => {
+                        r.fault = Some(e.to_string());
+                        unsampled
                     }
-                } else {
-                    r.sampler.sample(l, limit, r.top_logprobs)
                 }
             })
             .collect()

@@ -86,6 +86,7 @@ pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         top_logprobs: 0,
         routing: Default::default(),
         prompt_logprobs: None,
+        constraint: None,
     }
 }
 

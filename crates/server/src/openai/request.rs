@@ -29,9 +29,13 @@ pub struct CommonFields {
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
     pub n: Option<u64>,
-    /// `{"type": "text"}` only: decoding is not constrained to JSON (see
-    /// `params::check_response_format`).
+    /// `{"type": "text"}`, `json_object` or `json_schema` (see `constraint`).
     pub response_format: Option<Value>,
+    /// vLLM's structured output fields (see `constraint`).
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
     /// Extension: report which model wrote each token.
     pub return_token_sources: Option<bool>,
     /// Extension: per-request overrides of the routing method's kwargs

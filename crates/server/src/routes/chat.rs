@@ -40,6 +40,15 @@ pub async fn chat_completions(
         state.config.tool_call_parser,
     )?;
     plan.parse_tool_calls = tool_use.parse_calls;
+    if let Some(call) = tool_use.constraint {
+        if let Some((_, field)) = &plan.constraint {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!("a forced tool call and `{field}` both constrain the answer: give one"),
+            ));
+        }
+        plan.constraint = Some((call, "tool_choice"));
+    }
     let text_bytes: usize = chat
         .messages
         .iter()

@@ -115,11 +115,11 @@ async fn out_of_range_values_are_400_with_param() {
         (json!({"max_completion_tokens": 0}), "max_completion_tokens"),
         (json!({"top_logprobs": 2}), "top_logprobs"),
         (
-            json!({"response_format": {"type": "json_object"}}),
-            "response_format",
+            json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
+            "response_format.json_schema.schema",
         ),
         (
-            json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
+            json!({"response_format": {"type": "grammar"}}),
             "response_format",
         ),
         (json!({"response_format": "json"}), "response_format"),

@@ -11,4 +11,5 @@ mod mock;
 mod openai_client;
 mod shutdown;
 mod streaming;
+mod structured;
 mod tools;

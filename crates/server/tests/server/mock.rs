@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokenrouter_api::{
     Backend, ChatMessage, FinishReason, GenerateEvent, GenerateRequest, GenerateStream, ModelInfo,
-    SubmitError, TextError, TokenEvent,
+    OutputConstraint, SubmitError, TextError, TokenEvent,
 };
 use tokio::sync::{mpsc, Notify};
 
@@ -259,6 +259,15 @@ impl Backend for MockBackend {
         };
         // The same bound the engine applies (an absent max_tokens fills the context).
         let max_tokens = request.output_bound(context_length)?;
+        // The engine's refusal of a constraint it cannot compile, by its own field name.
+        if let Some(OutputConstraint::Regex(rx)) = &request.constraint {
+            if rx.contains("((") {
+                return Err(SubmitError::InvalidField {
+                    param: "constraint".into(),
+                    message: "invalid output constraint: unbalanced".into(),
+                });
+            }
+        }
         let request_id = {
             let mut log = lock(&self.log);
             if let Some(limit) = self.cfg.max_running {

@@ -1,7 +1,7 @@
 //! Tool calling on `/v1/chat/completions`: `tools` reach the template, a `<tool_call>`
 //! answer comes back as `tool_calls` (whole and streamed) with `finish_reason:
-//! "tool_calls"`, earlier calls and tool results are fed back to the template, and the
-//! choices this server cannot honour are refused by name.
+//! "tool_calls"`, earlier calls and tool results are fed back to the template, a forced
+//! call is a constraint (see `structured.rs`), and bad tool requests are refused by name.
 
 use std::sync::Arc;
 
@@ -174,6 +174,20 @@ async fn a_call_cut_by_max_tokens_is_text_and_finishes_on_length() {
 }
 
 #[tokio::test]
+async fn a_required_call_is_constrained_and_read_back() {
+    let m = mock_answering(ANSWER);
+    let body = with_tools(json!({"tool_choice": "required"}));
+    let (status, resp) = post_json(app(&m), "/v1/chat/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    assert_eq!(resp["choices"][0]["finish_reason"], "tool_calls");
+    let constraint = m.log().submitted[0].constraint.clone();
+    assert!(
+        matches!(constraint, Some(tokenrouter_api::OutputConstraint::Lark(_))),
+        "{constraint:?}"
+    );
+}
+
+#[tokio::test]
 async fn earlier_calls_and_tool_results_reach_the_template() {
     let m = mock_answering("It is 18 C in Paris.");
     let body = json!({"tools": tools(), "messages": [
@@ -200,17 +214,15 @@ async fn earlier_calls_and_tool_results_reach_the_template() {
 }
 
 #[tokio::test]
-async fn tool_requests_this_server_cannot_honour_are_refused_by_name() {
+async fn bad_tool_requests_are_refused_by_name() {
     let m = mock_answering(ANSWER);
     let cases = [
         (
-            with_tools(json!({"tool_choice": "required"})),
+            with_tools(json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}})),
             "tool_choice",
         ),
         (
-            with_tools(
-                json!({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
-            ),
+            with_tools(json!({"tools": [], "tool_choice": "required"})),
             "tool_choice",
         ),
         (

@@ -1,0 +1,144 @@
+//! Structured output on the tiny pair (`GenerateRequest::constraint`): whatever the random
+//! models would write, the kept tokens decode to text the constraint accepts — routed (both
+//! models writing, tokens rewritten by the other model) and pinned, greedy and sampled —
+//! and an invalid constraint is refused at submission, naming the field.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+use tokenrouter_api::{
+    Backend, FinishReason, GenerateEvent, GenerateRequest, OutputConstraint, SamplingParams,
+    SubmitError,
+};
+use tokenrouter_engine::Engine;
+
+/// The text a request wrote (end-of-sequence tokens left out), its sources, its finish.
+async fn answer(e: &Engine, req: GenerateRequest) -> (String, Vec<usize>, FinishReason) {
+    let mut s = e.submit(req).unwrap();
+    let (mut ids, mut sources) = (Vec::new(), Vec::new());
+    let reason = loop {
+        match s.events.recv().await.expect("the request ends") {
+            GenerateEvent::Token(t) => {
+                ids.push(t.id);
+                sources.push(t.source);
+            }
+            GenerateEvent::Finished { reason } => break reason,
+            GenerateEvent::Error(m) => panic!("request failed: {m}"),
+            GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
+        }
+    };
+    let text = e.text().unwrap().decode(&ids, true).unwrap();
+    (text, sources, reason)
+}
+
+fn constrained(salt: u32, constraint: OutputConstraint, temperature: f32) -> GenerateRequest {
+    GenerateRequest {
+        sampling: SamplingParams {
+            temperature,
+            seed: Some(u64::from(salt)),
+            ..Default::default()
+        },
+        ignore_eos: false,
+        constraint: Some(constraint),
+        ..greedy_request(prompt(9, salt), 120)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routed_and_pinned_answers_keep_to_their_constraint() {
+    let p = pair();
+    let e = start(config(
+        &p,
+        "random",
+        "{p: 0.5, seed: 3}",
+        "random",
+        "",
+        "async",
+    ));
+    let schema = json!({"type": "object", "properties": {
+            "answer": {"enum": ["yes", "no", "maybe"]},
+            "count": {"type": "integer", "minimum": 0, "maximum": 999},
+            "flag": {"type": "boolean"}},
+        "required": ["answer", "count", "flag"], "additionalProperties": false,
+        // Random models would pad flexible whitespace up to max_tokens.
+        "x-guidance": {"whitespace_flexible": false}});
+    let mut both_models = 0;
+    for salt in 0..8u32 {
+        for (pinned, temperature) in [(None, 0.0), (None, 1.0), (Some(1), 1.0)] {
+            let mut req = constrained(
+                salt,
+                OutputConstraint::JsonSchema(schema.clone()),
+                temperature,
+            );
+            req.pinned_model = pinned;
+            let (text, sources, reason) = answer(&e, req).await;
+            let v: Value =
+                serde_json::from_str(&text).unwrap_or_else(|err| panic!("{text:?}: {err}"));
+            assert!(
+                ["yes", "no", "maybe"].contains(&v["answer"].as_str().unwrap()),
+                "{text}"
+            );
+            assert!(
+                v["count"].as_u64().unwrap() <= 999 && v["flag"].is_boolean(),
+                "{text}"
+            );
+            assert_eq!(reason, FinishReason::Stop, "{text}");
+            if let Some(m) = pinned {
+                assert!(sources.iter().all(|&s| s == m));
+            }
+            both_models += usize::from(sources.contains(&0) && sources.contains(&1));
+
+            let rx = OutputConstraint::Regex("[a-d]{2}-[0-9]{3}".into());
+            let (text, _, _) = answer(&e, constrained(salt, rx, temperature)).await;
+            let b = text.as_bytes();
+            assert!(
+                b.len() == 6
+                    && b[..2].iter().all(|c| (b'a'..=b'd').contains(c))
+                    && b[2] == b'-'
+                    && b[3..].iter().all(u8::is_ascii_digit),
+                "{text:?}"
+            );
+            let choices = vec!["left".to_string(), "right".into(), "stop here".into()];
+            let choice = OutputConstraint::Choice(choices.clone());
+            let (text, _, _) = answer(&e, constrained(salt, choice, temperature)).await;
+            assert!(choices.contains(&text), "{text:?}");
+        }
+    }
+    assert!(
+        both_models >= 4,
+        "routed answers written by both models: {both_models}"
+    );
+    assert_all_free(&e, Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_constraints_are_refused_naming_the_field() {
+    let p = pair();
+    let e = start(config(
+        &p,
+        "random",
+        "{p: 0.5, seed: 3}",
+        "random",
+        "",
+        "async",
+    ));
+    for bad in [
+        OutputConstraint::Regex("(unclosed".into()),
+        OutputConstraint::JsonSchema(json!({"type": "no-such-type"})),
+        OutputConstraint::Choice(vec![]),
+    ] {
+        match e.submit(constrained(1, bad.clone(), 0.0)) {
+            Err(SubmitError::InvalidField { param, message }) => {
+                assert_eq!(param, "constraint");
+                assert!(
+                    message.starts_with("invalid output constraint"),
+                    "{message}"
+                );
+            }
+            other => panic!("{bad:?}: {:?}", other.map(|s| s.request_id)),
+        }
+    }
+    assert_all_free(&e, Duration::from_secs(5));
+}

@@ -1,0 +1,182 @@
+//! Structured output. A constrained request (`response_format` with a JSON schema, vLLM's
+//! `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`) gets a [`Grammar`]:
+//! before each of its tokens is sampled, every token that could not continue the
+//! constraint has its logit set to -inf, and each token the request keeps advances it. The
+//! parsing and the token masks are llguidance's (the library behind llama.cpp's and vLLM's
+//! grammar support); this crate builds its token table from the model's tokenizer and maps
+//! our requests onto it.
+//!
+//! Token routing needs nothing more: a grammar advances only by the tokens a request
+//! keeps, so whichever model writes a position samples under the same state, and a token
+//! a model drops (rewritten by the other) never entered it. Tokens dropped after they were
+//! kept roll it back ([`Grammar::rollback`]).
+
+use std::sync::Arc;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory};
+use tokenrouter_api::OutputConstraint;
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum GrammarError {
+    /// The model's tokenizer cannot be turned into a token table (not byte-level).
+    #[error("structured output is not available for this tokenizer: {0}")]
+    Tokenizer(String),
+    /// The request's schema, regex or grammar is invalid or unsupported (a 400).
+    #[error("{0}")]
+    Invalid(String),
+    /// The constraint failed while decoding (a token it did not allow, or an internal
+    /// limit): the request fails alone.
+    #[error("structured output failed: {0}")]
+    Decoding(String),
+}
+
+/// Compiles constraints for one vocabulary (built once per engine: the token table and
+/// llguidance's precomputed token slices take a moment).
+pub struct GrammarCompiler {
+    factory: ParserFactory,
+    /// The id the token table calls end-of-sequence, and every id that ends generation.
+    eos: u32,
+    eos_ids: Arc<[u32]>,
+}
+
+impl GrammarCompiler {
+    /// From the model's tokenizer, the width of its logits (ids past the tokenizer's are
+    /// padding, never allowed) and the ids that end generation (the first is the table's
+    /// end-of-sequence; any of them ends a constrained request where the grammar may end).
+    pub fn new(
+        tokenizer: &tokenizers::Tokenizer,
+        logits_width: usize,
+        eos_ids: &[u32],
+    ) -> Result<Self, GrammarError> {
+        let tokenizer_error = |e: &dyn std::fmt::Display| GrammarError::Tokenizer(e.to_string());
+        let json = tokenizer
+            .to_string(false)
+            .map_err(|e| tokenizer_error(&e))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&json).map_err(|e| tokenizer_error(&e))?;
+        let mut words =
+            llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| tokenizer_error(&e))?;
+        let width = logits_width.max(words.len());
+        words.resize(width, Vec::new());
+        let eos = *eos_ids
+            .first()
+            .ok_or_else(|| GrammarError::Tokenizer("the model has no end-of-sequence id".into()))?;
+        let trie = TokTrie::from(&TokRxInfo::new(width as u32, eos), &words);
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| tokenizer_error(&e))?;
+        factory.quiet();
+        Ok(Self {
+            factory,
+            eos,
+            eos_ids: eos_ids.into(),
+        })
+    }
+
+    /// A fresh grammar state for one request; an invalid constraint is
+    /// [`GrammarError::Invalid`] with llguidance's reason.
+    pub fn compile(&self, constraint: &OutputConstraint) -> Result<Grammar, GrammarError> {
+        let grammar = match constraint {
+            OutputConstraint::JsonObject => {
+                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
+            }
+            OutputConstraint::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(schema.clone())
+            }
+            OutputConstraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            OutputConstraint::Choice(choices) => {
+                if choices.is_empty() {
+                    return Err(GrammarError::Invalid("the list of choices is empty".into()));
+                }
+                // Lark string literals take JSON's quoting.
+                let alternatives: Vec<String> = choices
+                    .iter()
+                    .map(|c| serde_json::Value::from(c.as_str()).to_string())
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}", alternatives.join(" | ")))
+            }
+            OutputConstraint::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+        };
+        let matcher = Matcher::new(self.factory.create_parser(grammar));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError::Invalid(e));
+        }
+        Ok(Grammar {
+            matcher,
+            eos: self.eos,
+            eos_ids: self.eos_ids.clone(),
+        })
+    }
+}
+
+/// One request's place in its constraint.
+pub struct Grammar {
+    matcher: Matcher,
+    eos: u32,
+    eos_ids: Arc<[u32]>,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar")
+            .field("stopped", &self.matcher.is_stopped())
+            .finish()
+    }
+}
+
+impl Grammar {
+    /// Sets the logit of every token that cannot come next to -inf. Where the constraint
+    /// may end, every end-of-generation id stays allowed; once it must end, only those.
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+        let mut allowed = self.matcher.compute_mask_or_eos().map_err(decoding)?;
+        if allowed.is_allowed(self.eos) {
+            for &id in self.eos_ids.iter() {
+                if (id as usize) < allowed.len() {
+                    allowed.allow_token(id);
+                }
+            }
+        }
+        let covered = allowed.len().min(logits.len());
+        allowed.iter_unset_entries(|i| {
+            if let Some(x) = logits.get_mut(i) {
+                *x = f32::NEG_INFINITY;
+            }
+        });
+        logits[covered..].fill(f32::NEG_INFINITY);
+        Ok(())
+    }
+
+    /// The request kept `token` (any end-of-generation id counts as the table's; once the
+    /// constraint is complete, only those are accepted, and change nothing).
+    pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        let end = self.eos_ids.contains(&token);
+        if self.matcher.is_stopped() {
+            return match end {
+                true => Ok(()),
+                false => Err(GrammarError::Decoding(format!(
+                    "token {token} after the end of the constraint"
+                ))),
+            };
+        }
+        let token = if end { self.eos } else { token };
+        self.matcher.consume_token(token).map_err(decoding)
+    }
+
+    /// The request dropped its last `n` kept tokens.
+    pub fn rollback(&mut self, n: usize) -> Result<(), GrammarError> {
+        self.matcher.rollback(n).map_err(decoding)
+    }
+
+    /// Nothing but an end of generation may follow.
+    pub fn must_end(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
+
+fn decoding(e: impl std::fmt::Display) -> GrammarError {
+    GrammarError::Decoding(e.to_string())
+}
+
+#[cfg(test)]
+mod tests;

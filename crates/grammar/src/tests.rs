@@ -1,0 +1,159 @@
+//! Constrained decoding with a synthetic byte-level vocabulary and random logits: whatever
+//! the logits, the tokens kept decode to text the constraint accepts.
+
+use super::*;
+use serde_json::{json, Value};
+use tokenrouter_runtime::TextModel;
+
+const VOCAB: usize = 600;
+
+fn text_model() -> TextModel {
+    TextModel::synthetic(VOCAB).unwrap()
+}
+
+fn compiler(text: &TextModel) -> GrammarCompiler {
+    // Logits wider than the tokenizer: the padding ids are never allowed.
+    let eos: Vec<u32> = text.encode("<|im_end|>").unwrap();
+    GrammarCompiler::new(text.tokenizer(), VOCAB + 40, &eos).unwrap()
+}
+
+/// xorshift: deterministic "model" logits.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// Decodes under `constraint` with random logits (end-of-sequence favoured where allowed,
+/// so every run ends), greedy over the masked row. Returns the text before the end.
+fn decode(constraint: &OutputConstraint, seed: u64) -> String {
+    decode_favouring(constraint, seed, "")
+}
+
+/// `decode` with the single-byte tokens of `favoured` preferred too (a "model" that
+/// closes what it opens).
+fn decode_favouring(constraint: &OutputConstraint, seed: u64, favoured: &str) -> String {
+    let text = text_model();
+    let eos = text.encode("<|im_end|>").unwrap()[0];
+    let favoured: Vec<u32> = favoured
+        .chars()
+        .map(|c| text.encode(&c.to_string()).unwrap()[0])
+        .collect();
+    let mut grammar = compiler(&text).compile(constraint).unwrap();
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut out = Vec::new();
+    for _ in 0..400 {
+        let mut logits: Vec<f32> = (0..VOCAB + 40).map(|_| rng.next()).collect();
+        logits[eos as usize] += 0.5;
+        for &f in &favoured {
+            logits[f as usize] += 1.0;
+        }
+        grammar.mask(&mut logits).unwrap();
+        assert!(logits[VOCAB..].iter().all(|x| *x == f32::NEG_INFINITY));
+        let (token, best) = logits
+            .iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |a, (i, &x)| if x > a.1 { (i, x) } else { a },
+            );
+        assert!(best.is_finite(), "no token allowed after {out:?}");
+        let token = token as u32;
+        grammar.accept(token).unwrap();
+        if token == eos {
+            assert!(grammar.must_end() || grammar.matcher.is_accepting().unwrap());
+            return text.decode(&out, false).unwrap();
+        }
+        out.push(token);
+    }
+    panic!("no end in 400 tokens: {:?}", text.decode(&out, false));
+}
+
+#[test]
+fn json_schema_output_parses_and_fits_the_schema() {
+    let schema = json!({"type": "object", "properties": {
+        "answer": {"enum": ["yes", "no"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+        "required": ["answer", "count", "tags"], "additionalProperties": false});
+    for seed in 0..12 {
+        let out = decode(&OutputConstraint::JsonSchema(schema.clone()), seed);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+        assert!(
+            ["yes", "no"].contains(&v["answer"].as_str().unwrap()),
+            "{out}"
+        );
+        assert!(v["count"].as_u64().unwrap() <= 99, "{out}");
+        assert!(v["tags"].as_array().unwrap().len() <= 2, "{out}");
+        assert_eq!(v.as_object().unwrap().len(), 3, "{out}");
+    }
+}
+
+#[test]
+fn json_object_regex_and_choice() {
+    for seed in 0..6 {
+        let out = decode_favouring(&OutputConstraint::JsonObject, seed, "{}\":1,a[]");
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+        assert!(v.is_object(), "{out}");
+        let out = decode(&OutputConstraint::Regex("[0-9]{3}-[a-c]{2}".into()), seed);
+        assert!(
+            out.len() == 6
+                && out[..3].bytes().all(|b| b.is_ascii_digit())
+                && &out[3..4] == "-"
+                && out[4..].bytes().all(|b| (b'a'..=b'c').contains(&b)),
+            "{out:?}"
+        );
+        let choices = vec![
+            "red".to_string(),
+            "green \"x\"".to_string(),
+            "é".to_string(),
+        ];
+        let out = decode(&OutputConstraint::Choice(choices.clone()), seed);
+        assert!(choices.contains(&out), "{out:?}");
+    }
+}
+
+#[test]
+fn rollback_restores_the_earlier_mask() {
+    let text = text_model();
+    let mut grammar = compiler(&text)
+        .compile(&OutputConstraint::Choice(vec!["abc".into(), "abd".into()]))
+        .unwrap();
+    let row = |g: &mut Grammar| {
+        let mut logits = vec![0.0f32; VOCAB + 40];
+        g.mask(&mut logits).unwrap();
+        logits.iter().map(|x| x.is_finite()).collect::<Vec<_>>()
+    };
+    let first = row(&mut grammar);
+    let a = text.encode("a").unwrap();
+    assert_eq!(a.len(), 1);
+    assert!(first[a[0] as usize]);
+    grammar.accept(a[0]).unwrap();
+    assert_ne!(row(&mut grammar), first);
+    grammar.rollback(1).unwrap();
+    assert_eq!(row(&mut grammar), first);
+    // A token the constraint does not allow is an error, not a silent pass.
+    let z = text.encode("z").unwrap()[0];
+    assert!(matches!(grammar.accept(z), Err(GrammarError::Decoding(_))));
+}
+
+#[test]
+fn invalid_constraints_are_refused_with_a_reason() {
+    let text = text_model();
+    let c = compiler(&text);
+    for bad in [
+        OutputConstraint::Regex("(".into()),
+        OutputConstraint::JsonSchema(json!({"type": "no-such-type"})),
+        OutputConstraint::Choice(vec![]),
+        OutputConstraint::Lark("start: undefined_rule".into()),
+    ] {
+        match c.compile(&bad) {
+            Err(GrammarError::Invalid(reason)) => assert!(!reason.is_empty()),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+}
