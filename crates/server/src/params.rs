@@ -29,8 +29,8 @@ pub struct GenerationPlan {
     pub routing: RoutingOverrides,
     /// Score the prompt with this many alternatives a token (`echo` with `logprobs`).
     pub prompt_logprobs: Option<usize>,
-    /// Read `<tool_call>` blocks of chat answers as `tool_calls` (see `tools`).
-    pub parse_tool_calls: bool,
+    /// Read chat answers' tool calls of these tools as `tool_calls` (see `tools`).
+    pub tool_names: Option<std::sync::Arc<[String]>>,
     /// Structured output, and the request field that asked for it.
     pub constraint: Option<(OutputConstraint, &'static str)>,
 }
@@ -85,7 +85,7 @@ impl GenerationPlan {
             return_token_sources: fields.return_token_sources.unwrap_or(false),
             routing,
             prompt_logprobs: None,
-            parse_tool_calls: false,
+            tool_names: None,
             constraint,
         })
     }

@@ -52,8 +52,8 @@ pub struct ResponseContext {
     pub include_usage: bool,
     /// `echo` (completions only).
     echo: Option<Echo>,
-    /// Chat answers' `<tool_call>` blocks become `tool_calls`.
-    pub parse_tool_calls: bool,
+    /// Chat answers' calls of these tools become `tool_calls`.
+    pub tool_names: Option<Arc<[String]>>,
 }
 
 impl ResponseContext {
@@ -77,7 +77,7 @@ impl ResponseContext {
             return_token_sources: plan.return_token_sources,
             include_usage: plan.include_usage,
             echo: None,
-            parse_tool_calls: plan.parse_tool_calls && kind == Kind::Chat,
+            tool_names: plan.tool_names.clone().filter(|_| kind == Kind::Chat),
         }
     }
 
@@ -276,9 +276,9 @@ impl ResponseContext {
                     .into_iter()
                     .enumerate()
                     .map(|(index, out)| {
-                        let (content, tool_calls) = match self.parse_tool_calls {
-                            true => read_whole(&out.text),
-                            false => (Some(out.text.clone()), Vec::new()),
+                        let (content, tool_calls) = match &self.tool_names {
+                            Some(names) => read_whole(&out.text, names.clone()),
+                            None => (Some(out.text.clone()), Vec::new()),
                         };
                         ChatChoice {
                             index,

@@ -25,7 +25,7 @@ pub fn sse_response(ctx: ResponseContext, generation: Generation) -> Response {
         started: vec![false; generation.num_choices],
         echoed: vec![false; generation.num_choices],
         tool_readers: (0..generation.num_choices)
-            .map(|_| ToolCallReader::default())
+            .map(|_| ToolCallReader::new(ctx.tool_names.clone().unwrap_or_default()))
             .collect(),
         finished: 0,
         done: false,
@@ -117,7 +117,7 @@ impl SseState {
             }
         }
         let (shown, reason) = match self.tool_readers.get_mut(index) {
-            Some(reader) if self.ctx.parse_tool_calls => {
+            Some(reader) if self.ctx.tool_names.is_some() => {
                 let shown = reader.push(&delta.text, reason.is_some());
                 (Some(shown), tool_finish(reason, reader.called()))
             }

@@ -5,6 +5,8 @@
 //! template) and turns generated text into OpenAI's `tool_calls`, whole or while
 //! streaming, as vLLM's `--tool-call-parser hermes` and SGLang's `qwen25` do.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use serde_json::{Map, Value};
 use tokenrouter_api::OutputConstraint;
@@ -45,6 +47,20 @@ pub struct ToolUse {
     pub tools: Option<Vec<Value>>,
     pub parse_calls: bool,
     pub constraint: Option<OutputConstraint>,
+}
+
+impl ToolUse {
+    /// The tools' names when calls are read (see [`ToolCallReader::new`]).
+    pub fn names(&self) -> Option<Arc<[String]>> {
+        let tools = self.tools.as_ref().filter(|_| self.parse_calls)?;
+        Some(
+            tools
+                .iter()
+                .filter_map(tool_name)
+                .map(String::from)
+                .collect(),
+        )
+    }
 }
 
 impl ToolUse {
@@ -238,8 +254,19 @@ pub struct Shown {
 /// `</tool_call>` arrives (or at the end, if its JSON is whole); text between and after
 /// blocks is content only if it is more than whitespace. A block that is not a call's
 /// JSON is shown as the text it was.
+///
+/// An answer that is nothing but a call's JSON without the tags (`{"name": "get_weather",
+/// "arguments": {...}}`, naming one of the request's tools) is a call too: Qwen2.5-Coder
+/// answers so more often than not. An answer that starts with `{` is therefore held until
+/// its end to tell.
 #[derive(Debug, Default)]
 pub struct ToolCallReader {
+    /// The request's tool names (a bare call must name one).
+    names: Arc<[String]>,
+    /// Leading text held while the answer may still be a bare call.
+    held: String,
+    /// Whether the answer has shown it is not a bare call.
+    decided: bool,
     /// Text not yet classified.
     pending: String,
     /// Inside a block (its start tag consumed).
@@ -253,6 +280,14 @@ pub struct ToolCallReader {
 }
 
 impl ToolCallReader {
+    /// A reader for a request offering the tools `names`.
+    pub fn new(names: Arc<[String]>) -> Self {
+        Self {
+            names,
+            ..Self::default()
+        }
+    }
+
     /// Whether any call was read (then a `stop` finish is reported as `tool_calls`).
     pub fn called(&self) -> bool {
         self.calls > 0
@@ -260,6 +295,30 @@ impl ToolCallReader {
 
     /// The next piece of text; `last` at the choice's end.
     pub fn push(&mut self, text: &str, last: bool) -> Shown {
+        if self.decided || self.names.is_empty() {
+            return self.read(text, last);
+        }
+        self.held.push_str(text);
+        let start = self.held.trim_start();
+        if !last && (start.is_empty() || start.starts_with('{')) {
+            return Shown::default();
+        }
+        self.decided = true;
+        let held = std::mem::take(&mut self.held);
+        if last && held.trim_start().starts_with('{') {
+            if let Some(function) = parse_call(&held).filter(|f| self.names.contains(&f.name)) {
+                let call = self.call(function);
+                return Shown {
+                    content: String::new(),
+                    calls: vec![call],
+                };
+            }
+        }
+        self.read(&held, last)
+    }
+
+    /// `push` once the answer is known not to be a bare call.
+    fn read(&mut self, text: &str, last: bool) -> Shown {
         let mut shown = Shown::default();
         self.pending.push_str(text);
         loop {
@@ -314,13 +373,8 @@ impl ToolCallReader {
     fn block(&mut self, body: &str, closed: bool, shown: &mut Shown) {
         match parse_call(body) {
             Some(function) => {
-                shown.calls.push(ToolCall {
-                    index: Some(self.calls),
-                    id: format!("call_{:024x}", rand::random::<u128>() >> 32),
-                    kind: "function",
-                    function,
-                });
-                self.calls += 1;
+                let call = self.call(function);
+                shown.calls.push(call);
             }
             None => {
                 self.flush_between(shown);
@@ -330,6 +384,19 @@ impl ToolCallReader {
                     shown.content.push_str(END);
                 }
             }
+        }
+    }
+}
+
+impl ToolCallReader {
+    /// The choice's next call.
+    fn call(&mut self, function: FunctionCall) -> ToolCall {
+        self.calls += 1;
+        ToolCall {
+            index: Some(self.calls - 1),
+            id: format!("call_{:024x}", rand::random::<u128>() >> 32),
+            kind: "function",
+            function,
         }
     }
 }
@@ -354,10 +421,10 @@ fn parse_call(body: &str) -> Option<FunctionCall> {
     Some(FunctionCall { name, arguments })
 }
 
-/// A whole choice's text read at once: its content (`None` when calls leave only
-/// whitespace) and its calls (without stream indices).
-pub fn read_whole(text: &str) -> (Option<String>, Vec<ToolCall>) {
-    let shown = ToolCallReader::default().push(text, true);
+/// A whole choice's text read at once (for a request offering the tools `names`): its
+/// content (`None` when calls leave only whitespace) and its calls (without stream indices).
+pub fn read_whole(text: &str, names: Arc<[String]>) -> (Option<String>, Vec<ToolCall>) {
+    let shown = ToolCallReader::new(names).push(text, true);
     let calls: Vec<ToolCall> = shown
         .calls
         .into_iter()
@@ -377,8 +444,12 @@ mod tests {
 
     const CALL: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>";
 
+    fn names() -> Arc<[String]> {
+        ["get_weather", "f", "g"].map(String::from).into()
+    }
+
     fn streamed(pieces: &[&str]) -> (String, Vec<ToolCall>) {
-        let mut reader = ToolCallReader::default();
+        let mut reader = ToolCallReader::new(names());
         let (mut content, mut calls) = (String::new(), Vec::new());
         for (i, piece) in pieces.iter().enumerate() {
             let shown = reader.push(piece, i + 1 == pieces.len());
@@ -400,7 +471,7 @@ mod tests {
 
     #[test]
     fn a_call_becomes_a_tool_call_with_its_arguments_as_a_json_string() {
-        let (content, calls) = read_whole(CALL);
+        let (content, calls) = read_whole(CALL, names());
         assert_eq!(content, None);
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0].function.name, "get_weather");
@@ -418,7 +489,7 @@ mod tests {
             "x <tool_cal y",
             "</tool_call> z",
         ] {
-            assert_eq!(read_whole(text), (Some(text.to_string()), vec![]));
+            assert_eq!(read_whole(text, names()), (Some(text.to_string()), vec![]));
             let (content, calls) = streamed(&[text]);
             assert_eq!((content.as_str(), calls.len()), (text, 0));
         }
@@ -437,7 +508,7 @@ mod tests {
                 .to_string(),
         ];
         for text in &texts {
-            let (whole_content, whole_calls) = read_whole(text);
+            let (whole_content, whole_calls) = read_whole(text, names());
             for pieces in splits(text) {
                 let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
                 let (content, calls) = streamed(&pieces);
@@ -460,19 +531,42 @@ mod tests {
     }
 
     #[test]
+    fn a_bare_call_naming_a_tool_is_a_call() {
+        let (content, calls) = read_whole(
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
+            names(),
+        );
+        assert_eq!((content, calls.len()), (None, 1));
+        assert_eq!(calls[0].function.arguments, r#"{"city":"Paris"}"#);
+        // Not one of the tools, or more than the call: text.
+        for text in [
+            "{\"name\": \"rm_rf\", \"arguments\": {}}",
+            "{\"name\": \"f\", \"arguments\": {}} trailing",
+        ] {
+            assert_eq!(read_whole(text, names()), (Some(text.to_string()), vec![]));
+        }
+        // Without tool names (the parser alone) nothing bare is read.
+        let text = "{\"name\": \"f\", \"arguments\": {}}";
+        assert_eq!(
+            read_whole(text, Arc::from([])),
+            (Some(text.to_string()), vec![])
+        );
+    }
+
+    #[test]
     fn content_around_calls() {
-        let (content, calls) = read_whole(&format!("Checking.\n{CALL}\n{CALL}\n"));
+        let (content, calls) = read_whole(&format!("Checking.\n{CALL}\n{CALL}\n"), names());
         assert_eq!((content.as_deref(), calls.len()), (Some("Checking.\n"), 2));
-        let (content, calls) = read_whole(&format!("{CALL} done"));
+        let (content, calls) = read_whole(&format!("{CALL} done"), names());
         assert_eq!((content.as_deref(), calls.len()), (Some(" done"), 1));
         // Not a call: the block is shown as it was written.
         let bad = "<tool_call>\n[1, 2]\n</tool_call>";
-        assert_eq!(read_whole(bad), (Some(bad.to_string()), vec![]));
+        assert_eq!(read_whole(bad, names()), (Some(bad.to_string()), vec![]));
         // Cut off inside the JSON (max_tokens): text, not a call.
         let cut = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\"";
-        assert_eq!(read_whole(cut), (Some(cut.to_string()), vec![]));
+        assert_eq!(read_whole(cut, names()), (Some(cut.to_string()), vec![]));
         // The end tag never came but the JSON is whole: a call.
-        let (_, calls) = read_whole("<tool_call>{\"name\": \"f\"}");
+        let (_, calls) = read_whole("<tool_call>{\"name\": \"f\"}", names());
         assert_eq!(calls[0].function.arguments, "{}");
     }
 

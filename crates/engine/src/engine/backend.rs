@@ -12,7 +12,7 @@ use tokenrouter_api::{
     Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, SubmitError, TextError,
 };
 use tokenrouter_grammar::{Grammar, GrammarCompiler, GrammarError};
-use tokenrouter_runtime::{Sampler, TextModel};
+use tokenrouter_runtime::Sampler;
 
 /// The request field a constraint came in, as the engine names it in errors (front ends
 /// name their own field: the server's `response_format` or `guided_*`).
@@ -209,7 +209,7 @@ impl Engine {
             .collect::<Result<Vec<_>, _>>()?;
         let mut grammars = requests
             .iter()
-            .map(|request| self.grammar_for(request, &text))
+            .map(|request| self.grammar_for(request))
             .collect::<Result<Vec<_>, _>>()?
             .into_iter();
         let n = requests.len();
@@ -274,11 +274,7 @@ impl Engine {
 
     /// A constrained request's grammar state (`GenerateRequest::constraint`). Every model
     /// that may write the answer must be in this process: the state lives with the request.
-    fn grammar_for(
-        &self,
-        request: &GenerateRequest,
-        text: &TextModel,
-    ) -> Result<Option<Grammar>, SubmitError> {
+    fn grammar_for(&self, request: &GenerateRequest) -> Result<Option<Grammar>, SubmitError> {
         let Some(constraint) = &request.constraint else {
             return Ok(None);
         };
@@ -298,13 +294,7 @@ impl Engine {
             });
         }
         let compiler = self
-            .inner
-            .grammar
-            .get_or_init(|| {
-                GrammarCompiler::new(text.tokenizer(), text.vocab_len(), text.eos_ids())
-                    .map(Arc::new)
-            })
-            .clone()
+            .grammar_compiler()
             .map_err(|e| SubmitError::InvalidRequest(e.to_string()))?;
         match compiler.compile(constraint) {
             Ok(grammar) => Ok(Some(grammar)),
@@ -314,6 +304,21 @@ impl Engine {
             }),
             Err(e) => Err(SubmitError::InvalidRequest(e.to_string())),
         }
+    }
+
+    /// The token table of structured output, built once (the entry model's tokenizer: the
+    /// models share their token ids).
+    pub(crate) fn grammar_compiler(&self) -> Result<Arc<GrammarCompiler>, GrammarError> {
+        let text = self
+            .text()
+            .ok_or_else(|| GrammarError::Tokenizer("the models are still loading".into()))?;
+        self.inner
+            .grammar
+            .get_or_init(|| {
+                GrammarCompiler::new(text.tokenizer(), text.vocab_len(), text.eos_ids())
+                    .map(Arc::new)
+            })
+            .clone()
     }
 
     /// The engine-side request (sampling state, stop ids) and the client's stream.

@@ -39,7 +39,7 @@ pub async fn chat_completions(
         chat.tool_choice.as_ref(),
         state.config.tool_call_parser,
     )?;
-    plan.parse_tool_calls = tool_use.parse_calls;
+    plan.tool_names = tool_use.names();
     if let Some(call) = tool_use.constraint {
         if let Some((_, field)) = &plan.constraint {
             return Err(ApiError::invalid(

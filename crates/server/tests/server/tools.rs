@@ -174,6 +174,32 @@ async fn a_call_cut_by_max_tokens_is_text_and_finishes_on_length() {
 }
 
 #[tokio::test]
+async fn a_bare_call_without_tags_is_read_as_a_call() {
+    // Qwen2.5-Coder's usual answer: the call's JSON alone.
+    let m = mock_answering(" {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}");
+    let (status, resp) = post_json(app(&m), "/v1/chat/completions", with_tools(json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    assert_eq!(resp["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(resp["choices"][0]["message"]["content"], Value::Null);
+    let call = &resp["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(arguments(call), json!({"city": "Paris"}));
+    let body = with_tools(json!({"stream": true}));
+    let chunks = stream_chunks(app(&m), "/v1/chat/completions", body).await;
+    let calls: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(arguments(calls[0]), json!({"city": "Paris"}));
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "");
+}
+
+#[tokio::test]
 async fn a_required_call_is_constrained_and_read_back() {
     let m = mock_answering(ANSWER);
     let body = with_tools(json!({"tool_choice": "required"}));
