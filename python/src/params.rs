@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use tokenrouter_api::{GenerateRequest, RoutingOverrides, SamplingParams};
+use tokenrouter_api::{GenerateRequest, OutputConstraint, RoutingOverrides, SamplingParams};
 use tokenrouter_server::text::StopStrings;
 
 /// SGLang's default when `max_new_tokens` is absent.
@@ -51,6 +51,33 @@ struct RawParams {
     top_logprobs_num: Option<usize>,
     /// Our extension: per-request overrides of the routing method's kwargs.
     routing: Option<BTreeMap<String, f64>>,
+    /// Structured output (SGLang's keys): the text of a JSON schema the output must follow.
+    json_schema: Option<String>,
+    /// Structured output: a regular expression the whole output must match.
+    regex: Option<String>,
+    /// SGLang's EBNF grammars (xgrammar's dialect): refused with a pointer to the others.
+    ebnf: Option<String>,
+}
+
+/// SGLang's structured output keys as one constraint (at most one of them).
+fn constraint(
+    json_schema: Option<String>,
+    regex: Option<String>,
+    ebnf: Option<String>,
+) -> Result<Option<OutputConstraint>, String> {
+    if ebnf.is_some() {
+        return Err(
+            "sampling_params: ebnf grammars are not supported; use json_schema or regex".into(),
+        );
+    }
+    match (json_schema, regex) {
+        (Some(_), Some(_)) => Err("sampling_params: give json_schema or regex, not both".into()),
+        (Some(schema), None) => serde_json::from_str(&schema)
+            .map(|s| Some(OutputConstraint::JsonSchema(s)))
+            .map_err(|e| format!("sampling_params: json_schema is not JSON: {e}")),
+        (None, Some(rx)) => Ok(Some(OutputConstraint::Regex(rx))),
+        (None, None) => Ok(None),
+    }
 }
 
 fn default_max_new_tokens() -> Option<usize> {
@@ -71,6 +98,8 @@ pub struct Params {
     /// Score the prompt (`return_logprob` with `logprob_start_len >= 0`).
     pub input_logprobs: Option<InputLogprobs>,
     pub routing: RoutingOverrides,
+    /// Structured output (`json_schema` or `regex`).
+    pub constraint: Option<OutputConstraint>,
 }
 
 /// Which prompt scores a request returns (`input_token_logprobs`, `input_top_logprobs`).
@@ -126,6 +155,7 @@ impl Params {
             start: usize::try_from(start).unwrap_or(usize::MAX),
             top,
         });
+        let constraint = constraint(raw.json_schema, raw.regex, raw.ebnf)?;
         let top_k = raw.top_k.unwrap_or(0);
         if top_k < -1 {
             return Err(format!(
@@ -158,6 +188,7 @@ impl Params {
             return_logprob,
             input_logprobs,
             routing: RoutingOverrides(raw.routing.unwrap_or_default()),
+            constraint,
         })
     }
 
@@ -174,7 +205,7 @@ impl Params {
             top_logprobs: 0,
             routing: self.routing.clone(),
             prompt_logprobs: self.input_logprobs.map(|i| i.top),
-            constraint: None,
+            constraint: self.constraint.clone(),
         }
     }
 

@@ -3,6 +3,7 @@ chat, parameter errors, aborts (close and Ctrl-C) freeing KV, shutdown, two engi
 
 import _thread
 import asyncio
+import json
 import re
 import signal
 import threading
@@ -173,11 +174,31 @@ def test_chat_applies_the_template(engine):
         ({"temperature": -1.0}, "temperature"),
         ({"routing": {"no_such_knob": 1.0}}, "no_such_knob"),
         ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
+        ({"json_schema": "{not json"}, "json_schema"),
+        ({"json_schema": "{}", "regex": "a"}, "not both"),
+        ({"ebnf": "root ::= \"a\""}, "ebnf"),
+        ({"regex": "(unclosed"}, "invalid output constraint"),
     ],
 )
 def test_bad_sampling_params_raise_value_error_naming_the_key(engine, params, match):
     with pytest.raises(ValueError, match=match):
         engine.generate("x", params)
+
+
+def test_structured_output_keeps_to_the_schema_or_regex(engine):
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["answer", "n"], "additionalProperties": False,
+              # The tiny random models would pad flexible whitespace up to the limit.
+              "x-guidance": {"whitespace_flexible": False}}
+    for seed in range(4):
+        params = {"max_new_tokens": 64, "temperature": 1.0, "seed": seed}
+        out = engine.generate("answer in JSON", dict(params, json_schema=json.dumps(schema)))
+        value = json.loads(out["text"])
+        assert value["answer"] in ("yes", "no") and 0 <= value["n"] <= 9, out["text"]
+        assert out["meta_info"]["finish_reason"]["type"] == "stop"
+        out = engine.generate("a code", dict(params, regex="[A-Z]{2}-[0-9]{2}"))
+        assert re.fullmatch("[A-Z]{2}-[0-9]{2}", out["text"]), out["text"]
 
 
 def test_other_bad_inputs(engine):
