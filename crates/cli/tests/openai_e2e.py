@@ -10,7 +10,7 @@ Every check is deterministic (greedy, or sampling with a fixed seed).
 
 Covers: /v1/models, chat, completion, streaming with usage (and equality with the non-streamed
 answer), stop strings (also one spanning tokens written by different models), n=2, logprobs
-(chat and legacy, with their source model), provenance, error statuses (404, 400 naming the
+(chat and legacy, with their source model), structured output, provenance, error statuses (404, 400 naming the
 field, 400 context, 401, 413, malformed JSON), and a client disconnect mid-stream: the request
 is aborted and the KV cache of every model returns to 0 (GET /metrics).
 Prints one line per test and "N passed, N failed"; exits non-zero on any failure.
@@ -154,6 +154,36 @@ class Suite:
               f"random routing with p=0.5 should use both models: {sources}")
         switches = sum(1 for a, b in zip(sources, sources[1:]) if a != b)
         check(prov["switches"] == switches, (prov, switches))
+
+    def test_structured_output(self):
+        # The official client's response_format, and vLLM's guided_* through extra_body: the
+        # random models' answers keep to the constraint, routed and pinned, whole and streamed.
+        schema = {"type": "object", "properties": {
+            "answer": {"enum": ["yes", "no"]}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["answer", "n"], "additionalProperties": False,
+            "x-guidance": {"whitespace_flexible": False}}
+        fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+        for model in (ROUTED, "reference"):
+            r = self.chat(model=model, max_tokens=64, temperature=1.0, seed=3, response_format=fmt)
+            v = json.loads(r.choices[0].message.content)
+            check(v["answer"] in ("yes", "no") and 0 <= v["n"] <= 99, v)
+            check(r.choices[0].finish_reason == "stop", r.choices[0].finish_reason)
+            s = self.chat(model=model, max_tokens=64, temperature=1.0, seed=3, response_format=fmt,
+                          stream=True)
+            text = "".join(c.choices[0].delta.content or "" for c in s if c.choices)
+            check(text == r.choices[0].message.content, (text, r.choices[0].message.content))
+        r = self.client.completions.create(model=ROUTED, prompt="pick", max_tokens=16,
+                                           extra_body={"guided_choice": ["alpha", "beta gamma"]})
+        check(r.choices[0].text in ("alpha", "beta gamma"), r.choices[0].text)
+        r = self.client.completions.create(model=ROUTED, prompt="code", max_tokens=16,
+                                           extra_body={"guided_regex": "[a-f]{3}[0-9]{2}"})
+        check(re.fullmatch("[a-f]{3}[0-9]{2}", r.choices[0].text), r.choices[0].text)
+        try:
+            self.client.completions.create(model=ROUTED, prompt="x", max_tokens=4,
+                                           extra_body={"guided_regex": "(unclosed"})
+            raise AssertionError("an invalid regex was accepted")
+        except openai.BadRequestError as e:
+            check(e.body.get("param") == "guided_regex", e.body)
 
     def test_pinned_model(self):
         for pinned in ("quick", "reference"):
