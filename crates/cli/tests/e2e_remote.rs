@@ -81,6 +81,75 @@ async fn prompt_scores_come_from_the_remote_model() {
     front.shutdown();
 }
 
+/// Structured output with the large model remote: the remote compiles the constraint and
+/// replays the output so far into it at each visit, so the answers equal one process's
+/// (seeded sampling, one at a time) and keep to the constraint, routed and pinned remote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constrained_answers_match_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny(dir.path(), 0.5);
+    let local = start(EngineConfig::from_file(&file).unwrap())
+        .await
+        .unwrap();
+    let want = constrained_answers(&local).await;
+    local.shutdown();
+    let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
+    let front = start(front_config(&file, &remote.peer, &[])).await.unwrap();
+    let got = constrained_answers(&front).await;
+    assert_eq!(got, want);
+    let text = front.text().unwrap();
+    let mut both = 0;
+    for (ids, sources) in &got {
+        let answer = text.decode(ids, true).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{answer:?}: {e}"));
+        assert!(
+            ["red", "green"].contains(&v["colour"].as_str().unwrap()),
+            "{answer}"
+        );
+        both += usize::from(sources.contains(&0) && sources.contains(&1));
+    }
+    assert!(both > 0, "no answer was written by both models");
+    wait_free(&front, Duration::from_secs(5));
+    front.shutdown();
+}
+
+/// (ids, sources) of constrained answers: routed, then pinned to the (remote) large model.
+async fn constrained_answers(e: &Engine) -> Vec<(Vec<u32>, Vec<usize>)> {
+    let schema = serde_json::json!({"type": "object",
+        "properties": {"colour": {"enum": ["red", "green"]}, "size": {"type": "integer",
+            "minimum": 0, "maximum": 999}},
+        "required": ["colour", "size"], "additionalProperties": false,
+        "x-guidance": {"whitespace_flexible": false}});
+    let mut out = Vec::new();
+    for (i, prompt) in PROMPTS.iter().enumerate() {
+        let mut p = params(true, i);
+        p.ignore_eos = false;
+        p.max_tokens = 64;
+        let ids = e.text().unwrap().encode(prompt).unwrap();
+        let mut req = p.into_request(ids);
+        req.constraint = Some(tokenrouter_api::OutputConstraint::JsonSchema(
+            schema.clone(),
+        ));
+        req.pinned_model = (i % 4 == 3).then_some(1);
+        let mut s = e.submit(req).unwrap();
+        let (mut ids, mut sources) = (Vec::new(), Vec::new());
+        while let Some(ev) = s.events.recv().await {
+            match ev {
+                GenerateEvent::Token(t) => {
+                    ids.push(t.id);
+                    sources.push(t.source);
+                }
+                GenerateEvent::Finished { .. } => break,
+                GenerateEvent::Error(e) => panic!("{e}"),
+                GenerateEvent::Prompt(_) => panic!("no prompt scores were asked for"),
+            }
+        }
+        out.push((ids, sources));
+    }
+    out
+}
+
 /// The prompt's scores and the answer of `prompt` pinned to model 1.
 async fn prompt_scores(e: &Engine, prompt: &[u32]) -> (Vec<tokenrouter_api::TokenEvent>, Vec<u32>) {
     let mut p = params(false, 1);

@@ -5,7 +5,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use tokenrouter_api::{FinishReason, GenerateEvent, ModelIndex, RoutingOverrides, TokenEvent};
+use tokenrouter_api::{
+    FinishReason, GenerateEvent, ModelIndex, OutputConstraint, RoutingOverrides, TokenEvent,
+};
 use tokenrouter_grammar::Grammar;
 use tokenrouter_runtime::Sampler;
 use tokio::sync::mpsc::UnboundedSender;
@@ -53,8 +55,10 @@ pub struct Req {
     pub prompt_logprobs: Option<usize>,
     /// The request's overrides of the routing kwargs (checked at submission).
     pub routing: RoutingOverrides,
-    /// Structured output: the constraint's state, advanced by each kept token (so it
-    /// travels with the request and holds whichever model writes next).
+    /// Structured output: the constraint (sent to remote models, which compile their own
+    /// state) and its state here, advanced by each kept token (so it travels with the
+    /// request and holds whichever model writes next).
+    pub constraint: Option<OutputConstraint>,
     pub grammar: Option<Box<Grammar>>,
     /// Why the request must fail at its model's next look at it (its constraint failed).
     pub fault: Option<String>,
@@ -95,6 +99,7 @@ impl Req {
             top_logprobs,
             prompt_logprobs: None,
             routing: RoutingOverrides::default(),
+            constraint: None,
             grammar: None,
             fault: None,
             visit_tokens: 0,
@@ -110,10 +115,22 @@ impl Req {
         self
     }
 
-    /// Hold the output to a constraint (see [`Req::grammar`]).
-    pub fn with_grammar(mut self, grammar: Option<Grammar>) -> Self {
-        self.grammar = grammar.map(Box::new);
+    /// Hold the output to `constraint`, compiled as `grammar` (see [`Req::grammar`]).
+    pub fn with_constraint(mut self, constraint: Option<(OutputConstraint, Grammar)>) -> Self {
+        if let Some((constraint, grammar)) = constraint {
+            self.constraint = Some(constraint);
+            self.grammar = Some(Box::new(grammar));
+        }
         self
+    }
+
+    /// A remote copy's state of its constraint: `grammar` brought up to the output so far.
+    pub(crate) fn attach_grammar(&mut self, mut grammar: Grammar) -> Result<(), String> {
+        for &t in &self.output {
+            grammar.accept(t).map_err(|e| e.to_string())?;
+        }
+        self.grammar = Some(Box::new(grammar));
+        Ok(())
     }
 
     /// Ask for the prompt's scores (see [`Req::prompt_logprobs`]).
@@ -233,6 +250,13 @@ impl Req {
                 tokens.len(),
                 sources.len()
             ));
+        }
+        if let Some(grammar) = self.grammar.as_mut() {
+            let dropped = self.output.len() - (anchor - p);
+            grammar.rollback(dropped).map_err(|e| e.to_string())?;
+            for &t in tokens {
+                grammar.accept(t).map_err(|e| e.to_string())?;
+            }
         }
         self.output.truncate(anchor - p);
         self.sources.truncate(anchor - p);

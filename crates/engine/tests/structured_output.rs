@@ -33,6 +33,20 @@ async fn answer(e: &Engine, req: GenerateRequest) -> (String, Vec<usize>, Finish
     (text, sources, reason)
 }
 
+/// The tiny pair routing at random (p = 0.5): both models write most answers.
+fn routed_pair() -> (Pair, Engine) {
+    let p = pair();
+    let e = start(config(
+        &p,
+        "random",
+        "{p: 0.5, seed: 3}",
+        "random",
+        "",
+        "async",
+    ));
+    (p, e)
+}
+
 fn constrained(salt: u32, constraint: OutputConstraint, temperature: f32) -> GenerateRequest {
     GenerateRequest {
         sampling: SamplingParams {
@@ -48,15 +62,7 @@ fn constrained(salt: u32, constraint: OutputConstraint, temperature: f32) -> Gen
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routed_and_pinned_answers_keep_to_their_constraint() {
-    let p = pair();
-    let e = start(config(
-        &p,
-        "random",
-        "{p: 0.5, seed: 3}",
-        "random",
-        "",
-        "async",
-    ));
+    let (_pair, e) = routed_pair();
     let schema = json!({"type": "object", "properties": {
             "answer": {"enum": ["yes", "no", "maybe"]},
             "count": {"type": "integer", "minimum": 0, "maximum": 999},
@@ -115,15 +121,7 @@ async fn routed_and_pinned_answers_keep_to_their_constraint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_constraints_are_refused_naming_the_field() {
-    let p = pair();
-    let e = start(config(
-        &p,
-        "random",
-        "{p: 0.5, seed: 3}",
-        "random",
-        "",
-        "async",
-    ));
+    let (_pair, e) = routed_pair();
     for bad in [
         OutputConstraint::Regex("(unclosed".into()),
         OutputConstraint::JsonSchema(json!({"type": "no-such-type"})),

@@ -11,7 +11,7 @@
 //! a model drops (rewritten by the other) never entered it. Tokens dropped after they were
 //! kept roll it back ([`Grammar::rollback`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
@@ -107,6 +107,36 @@ impl GrammarCompiler {
             eos: self.eos,
             eos_ids: self.eos_ids.clone(),
         })
+    }
+}
+
+/// A [`GrammarCompiler`] built on first use, once (callers meanwhile wait for it); a
+/// thread may call [`LazyCompiler::get`] ahead to have it ready.
+pub struct LazyCompiler {
+    tokenizer: tokenizers::Tokenizer,
+    logits_width: usize,
+    eos_ids: Vec<u32>,
+    built: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
+}
+
+impl LazyCompiler {
+    /// [`GrammarCompiler::new`]'s arguments, kept until it is built.
+    pub fn new(tokenizer: tokenizers::Tokenizer, logits_width: usize, eos_ids: Vec<u32>) -> Self {
+        Self {
+            tokenizer,
+            logits_width,
+            eos_ids,
+            built: OnceLock::new(),
+        }
+    }
+
+    pub fn get(&self) -> Result<Arc<GrammarCompiler>, GrammarError> {
+        self.built
+            .get_or_init(|| {
+                GrammarCompiler::new(&self.tokenizer, self.logits_width, &self.eos_ids)
+                    .map(Arc::new)
+            })
+            .clone()
     }
 }
 

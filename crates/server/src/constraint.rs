@@ -1,5 +1,6 @@
 //! Structured output requests: OpenAI's `response_format` (`json_object`, `json_schema`)
-//! and vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, read into
+//! and vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` (or their
+//! newer spelling, `structured_outputs: {"json" | "regex" | "choice" | "grammar"}`), read into
 //! the engine's [`OutputConstraint`]. The engine compiles it (an invalid schema or regex is
 //! its 400, renamed here to the field the client sent) and masks every token that could not
 //! continue it, whichever model writes the position.
@@ -21,14 +22,7 @@ pub fn output_constraint(
         }
     }
     if let Some(schema) = &fields.guided_json {
-        let schema = match schema {
-            // vLLM takes the schema as an object or as its JSON text.
-            Value::String(text) => serde_json::from_str(text).map_err(|e| {
-                ApiError::invalid("guided_json", format!("`guided_json` is not JSON: {e}"))
-            })?,
-            other => other.clone(),
-        };
-        found.push((OutputConstraint::JsonSchema(schema), "guided_json"));
+        found.push((json_schema(schema, "guided_json")?, "guided_json"));
     }
     if let Some(rx) = &fields.guided_regex {
         found.push((OutputConstraint::Regex(rx.clone()), "guided_regex"));
@@ -39,6 +33,9 @@ pub fn output_constraint(
     if let Some(grammar) = &fields.guided_grammar {
         found.push((OutputConstraint::Lark(grammar.clone()), "guided_grammar"));
     }
+    if let Some(outputs) = &fields.structured_outputs {
+        found.push((structured_outputs(outputs)?, "structured_outputs"));
+    }
     if found.len() > 1 {
         let names: Vec<&str> = found.iter().map(|(_, f)| *f).collect();
         return Err(ApiError::invalid(
@@ -47,6 +44,56 @@ pub fn output_constraint(
         ));
     }
     Ok(found.pop())
+}
+
+/// A schema given as an object or as its JSON text (vLLM takes both).
+fn json_schema(schema: &Value, field: &str) -> Result<OutputConstraint, ApiError> {
+    let schema = match schema {
+        Value::String(text) => serde_json::from_str(text)
+            .map_err(|e| ApiError::invalid(field, format!("`{field}` is not JSON: {e}")))?,
+        other => other.clone(),
+    };
+    Ok(OutputConstraint::JsonSchema(schema))
+}
+
+/// vLLM's `structured_outputs` object: exactly one of its constraint keys.
+fn structured_outputs(outputs: &Value) -> Result<OutputConstraint, ApiError> {
+    const FIELD: &str = "structured_outputs";
+    let bad = |why: &str| ApiError::invalid(FIELD, why.to_string());
+    let object = outputs
+        .as_object()
+        .ok_or_else(|| bad("`structured_outputs` must be an object"))?;
+    let keys = ["json", "regex", "choice", "grammar", "json_object"];
+    let given: Vec<&str> = keys
+        .into_iter()
+        .filter(|k| {
+            object
+                .get(*k)
+                .is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
+        })
+        .collect();
+    let [key] = given[..] else {
+        return Err(bad(&format!(
+            "`structured_outputs` takes exactly one of {}",
+            keys.join(", ")
+        )));
+    };
+    let value = &object[key];
+    let text = || {
+        value
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| bad(&format!("`structured_outputs.{key}` must be a string")))
+    };
+    match key {
+        "json" => json_schema(value, "structured_outputs.json"),
+        "regex" => Ok(OutputConstraint::Regex(text()?)),
+        "grammar" => Ok(OutputConstraint::Lark(text()?)),
+        "choice" => serde_json::from_value(value.clone())
+            .map(OutputConstraint::Choice)
+            .map_err(|_| bad("`structured_outputs.choice` must be a list of strings")),
+        _ => Ok(OutputConstraint::JsonObject),
+    }
 }
 
 /// `{"type": "text"}` (no constraint), `{"type": "json_object"}`, or `{"type":
@@ -130,6 +177,24 @@ mod tests {
                     "guided_grammar",
                 )),
             ),
+            (
+                json!({"structured_outputs": {"choice": ["x", "y"]}}),
+                Some((
+                    OutputConstraint::Choice(vec!["x".into(), "y".into()]),
+                    "structured_outputs",
+                )),
+            ),
+            (
+                json!({"structured_outputs": {"json": schema, "regex": null}}),
+                Some((
+                    OutputConstraint::JsonSchema(schema.clone()),
+                    "structured_outputs",
+                )),
+            ),
+            (
+                json!({"structured_outputs": {"json_object": true}}),
+                Some((OutputConstraint::JsonObject, "structured_outputs")),
+            ),
             (json!({}), None),
         ];
         for (body, want) in cases {
@@ -153,6 +218,19 @@ mod tests {
             (
                 json!({"response_format": {"type": "json_object"}, "guided_regex": "a"}),
                 "guided_regex",
+            ),
+            (json!({"structured_outputs": {}}), "structured_outputs"),
+            (
+                json!({"structured_outputs": {"regex": "a", "choice": ["a"]}}),
+                "structured_outputs",
+            ),
+            (
+                json!({"structured_outputs": {"regex": 3}}),
+                "structured_outputs",
+            ),
+            (
+                json!({"structured_outputs": {"json": "{x"}}),
+                "structured_outputs.json",
             ),
         ] {
             let err = read(body.clone()).unwrap_err();

@@ -2,14 +2,14 @@
 //! and request submission (validation, sampling state, hand-over to the inter-model loop).
 
 use super::Engine;
-use crate::config::NamedModel;
 use crate::exchange::ToExchange;
 use crate::request::Req;
 use crate::subserver::Shared;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokenrouter_api::{
-    Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, SubmitError, TextError,
+    Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, OutputConstraint,
+    SubmitError, TextError,
 };
 use tokenrouter_grammar::{Grammar, GrammarCompiler, GrammarError};
 use tokenrouter_runtime::Sampler;
@@ -254,7 +254,7 @@ impl Engine {
         for (i, (request, max_tokens)) in requests.into_iter().zip(bounds).enumerate() {
             let len = request.prompt_ids.len();
             let (req, stream) = self.build_req(request, max_tokens, text.eos_ids());
-            let req = req.with_grammar(grammars.next().flatten());
+            let req = req.with_constraint(grammars.next().flatten());
             self.inner.metrics.active.inc();
             if tx.send(ToExchange::Submit(Box::new(req))).is_err() {
                 // The loop is gone: this and the unsent ones were never admitted (the ones
@@ -272,32 +272,20 @@ impl Engine {
         Ok(streams)
     }
 
-    /// A constrained request's grammar state (`GenerateRequest::constraint`). Every model
-    /// that may write the answer must be in this process: the state lives with the request.
-    fn grammar_for(&self, request: &GenerateRequest) -> Result<Option<Grammar>, SubmitError> {
+    /// A constrained request's constraint and its grammar state
+    /// (`GenerateRequest::constraint`).
+    fn grammar_for(
+        &self,
+        request: &GenerateRequest,
+    ) -> Result<Option<(OutputConstraint, Grammar)>, SubmitError> {
         let Some(constraint) = &request.constraint else {
             return Ok(None);
         };
-        let models = &self.inner.config.models;
-        let visits: Vec<&NamedModel> = match request.pinned_model {
-            Some(p) => models.get(p).into_iter().collect(),
-            None => models.iter().collect(),
-        };
-        if let Some(remote) = visits.iter().find(|m| m.address.is_some()) {
-            return Err(SubmitError::InvalidField {
-                param: CONSTRAINT_PARAM.into(),
-                message: format!(
-                    "structured output needs every model that may write the answer in this \
-                     process, and model `{}` is served by another one",
-                    remote.name
-                ),
-            });
-        }
         let compiler = self
             .grammar_compiler()
             .map_err(|e| SubmitError::InvalidRequest(e.to_string()))?;
         match compiler.compile(constraint) {
-            Ok(grammar) => Ok(Some(grammar)),
+            Ok(grammar) => Ok(Some((constraint.clone(), grammar))),
             Err(GrammarError::Invalid(reason)) => Err(SubmitError::InvalidField {
                 param: CONSTRAINT_PARAM.into(),
                 message: format!("invalid output constraint: {reason}"),

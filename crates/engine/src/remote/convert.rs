@@ -61,6 +61,10 @@ pub(crate) fn handoff(req: &Req, remote_len: Option<usize>, seq: u64) -> pb::Han
             .map(|(id, n)| pb::TokenCount { id, n })
             .collect(),
         prompt_logprobs: req.prompt_logprobs.map(|k| k as u32),
+        constraint: req
+            .constraint
+            .as_ref()
+            .and_then(|c| serde_json::to_string(c).ok()),
     });
     pb::Handoff {
         rid: req.rid,
@@ -117,6 +121,13 @@ pub(crate) fn mirror_from_first(h: &pb::Handoff, sink: EventSink) -> Result<Req,
         first.routing.clone().into_iter().collect(),
     ))
     .with_prompt_logprobs(first.prompt_logprobs.map(|k| k as usize));
+    req.constraint = match &first.constraint {
+        None => None,
+        Some(json) => Some(
+            serde_json::from_str(json)
+                .map_err(|e| format!("a malformed output constraint: {e}"))?,
+        ),
+    };
     req.set_output(
         h.tokens[p..].to_vec(),
         h.sources.iter().map(|&s| s as ModelIndex).collect(),

@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use tokenrouter_api::ModelIndex;
+use tokenrouter_grammar::LazyCompiler;
 use tokenrouter_runtime::LoadedModel;
 use tokenrouter_wire::{pb, Listener, PeerAddress, WireError, PROTOCOL_VERSION};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -56,6 +57,8 @@ pub(super) struct HostState {
     pub(super) front: Mutex<Option<u64>>,
     /// Bumped to end the live session (its front end reconnected).
     pub(super) kick: tokio::sync::watch::Sender<u64>,
+    /// Structured output's token table (built in the background at start).
+    pub(super) grammar: Arc<LazyCompiler>,
 }
 
 /// A running `tokenrouter subserver`.
@@ -106,6 +109,20 @@ pub fn start_subserver(
     };
     let metrics = Arc::new(EngineMetrics::new().map_err(|e| EngineError::Start(e.to_string()))?);
     let (out_tx, out_rx) = unbounded_channel();
+    let text = &loaded.model.text;
+    let grammar = Arc::new(LazyCompiler::new(
+        text.tokenizer().clone(),
+        text.vocab_len(),
+        text.eos_ids().to_vec(),
+    ));
+    let warm = grammar.clone();
+    let _ = std::thread::Builder::new()
+        .name("tokenrouter-grammar".into())
+        .spawn(move || {
+            if let Err(e) = warm.get() {
+                tracing::warn!("structured output is unavailable: {e}");
+            }
+        });
     let state = Arc::new(HostState {
         idx,
         name: m.name.clone(),
@@ -118,6 +135,7 @@ pub fn start_subserver(
         out_tx,
         front: Mutex::new(None),
         kick: tokio::sync::watch::channel(0).0,
+        grammar,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

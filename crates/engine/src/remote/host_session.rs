@@ -102,7 +102,7 @@ impl HostSession {
             }
             // Whatever KV an earlier copy left must not be extended by this one.
             let _ = self.inbox.send(Inbound::Free(h.rid));
-            match mirror_from_first(&h, sink()) {
+            match mirror_from_first(&h, sink()).and_then(|r| self.constrained(r)) {
                 Ok(r) => {
                     self.shared.active.fetch_add(1, Ordering::SeqCst);
                     self.shared
@@ -144,6 +144,16 @@ impl HostSession {
         }
         self.copies.insert(h.rid, Copy::Here(flag));
         let _ = self.inbox.send(Inbound::Admit(req));
+    }
+
+    /// A first contact's constraint compiled here and brought up to its output so far.
+    fn constrained(&self, mut req: Req) -> Result<Req, String> {
+        if let Some(constraint) = &req.constraint {
+            let compiler = self.state.grammar.get().map_err(|e| e.to_string())?;
+            let grammar = compiler.compile(constraint).map_err(|e| e.to_string())?;
+            req.attach_grammar(grammar)?;
+        }
+        Ok(req)
     }
 
     /// A hand-off this side cannot take: the request fails (and is done here).

@@ -36,6 +36,8 @@ pub struct CommonFields {
     pub guided_regex: Option<String>,
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
+    /// vLLM's newer spelling: `{"json" | "regex" | "choice" | "grammar" | "json_object"}`.
+    pub structured_outputs: Option<Value>,
     /// Extension: report which model wrote each token.
     pub return_token_sources: Option<bool>,
     /// Extension: per-request overrides of the routing method's kwargs
