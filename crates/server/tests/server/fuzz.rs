@@ -111,6 +111,12 @@ const FIELDS: &[&str] = &[
     "echo",
     "suffix",
     "response_format",
+    "tool_choice",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
     "tokens",
     "add_generation_prompt",
 ];
@@ -132,6 +138,29 @@ fn body(rng: &mut StdRng) -> Vec<u8> {
     }
     if rng.random_range(0..10) == 0 {
         v["messages"] = json!([{"role": weird_string(rng), "content": weird_value(rng, 0)}]);
+    }
+    if rng.random_range(0..8) == 0 {
+        // Tool use: well-formed tools with odd names and schemas, odd choices and calls.
+        let name = weird_string(rng);
+        v["tools"] = json!([{"type": "function", "function": {"name": name.clone(),
+            "parameters": weird_value(rng, 0)}}]);
+        let choices = [
+            json!("auto"),
+            json!("none"),
+            json!("required"),
+            json!({"type": "function", "function": {"name": name}}),
+            weird_value(rng, 0),
+        ];
+        v["tool_choice"] = pick(rng, &choices).clone();
+        if rng.random_bool(0.5) {
+            v["messages"] = json!([
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": weird_value(rng, 0),
+                    "type": "function", "function": {"name": weird_string(rng),
+                    "arguments": weird_value(rng, 0)}}]},
+                {"role": "tool", "tool_call_id": weird_value(rng, 0), "content": weird_value(rng, 0)}
+            ]);
+        }
     }
     let s = v.to_string();
     if rng.random_range(0..15) == 0 {
