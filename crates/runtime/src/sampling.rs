@@ -177,9 +177,11 @@ pub fn logprob_and_top(raw: &[f32], lse: f32, token: u32, k: usize) -> (f32, Vec
     let logprob = raw
         .get(token as usize)
         .map_or(f32::NEG_INFINITY, |&l| l - lse);
+    // A token with no chance (masked to -inf by an output constraint) is no alternative.
     let top = top_k_indices(raw, k)
         .into_iter()
         .map(|i| (i, raw[i as usize] - lse))
+        .filter(|&(_, logprob)| logprob > f32::NEG_INFINITY)
         .collect();
     (logprob, top)
 }
@@ -284,6 +286,26 @@ impl Sampler {
             }
         };
         let (logprob, top) = logprob_and_top(raw, lse, token, top_logprobs);
+        Sampled {
+            token,
+            logprob,
+            top,
+        }
+    }
+
+    /// `sample` choosing among the tokens an output constraint left in `masked` (the others
+    /// -inf), the log-probabilities reported from the model's own `logits` as always
+    /// (before penalties, bias, temperature and the constraint).
+    pub fn sample_constrained(
+        &mut self,
+        logits: &[f32],
+        masked: &[f32],
+        limit: usize,
+        top_logprobs: usize,
+    ) -> Sampled {
+        let token = self.sample(masked, limit, 0).token;
+        let raw = &logits[..limit.min(logits.len()).max(1)];
+        let (logprob, top) = logprob_and_top(raw, log_sum_exp(raw), token, top_logprobs);
         Sampled {
             token,
             logprob,
@@ -414,6 +436,29 @@ mod tests {
             .map(|&x| (x as f64).exp())
             .sum();
         assert!((total - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn masked_tokens_are_no_alternatives() {
+        // Two tokens left by an output constraint; five alternatives asked for.
+        let inf = f32::NEG_INFINITY;
+        let out = Sampler::new(cfg(), 0, &[]).sample(&[inf, 1.0, inf, 0.5, inf], 5, 5);
+        assert_eq!(out.token, 1);
+        let ids: Vec<u32> = out.top.iter().map(|&(id, _)| id).collect();
+        assert_eq!(ids, vec![1, 3]);
+        assert!(out.top.iter().all(|&(_, lp)| lp.is_finite()) && out.logprob.is_finite());
+    }
+
+    #[test]
+    fn a_constrained_choice_reports_the_models_own_logprobs() {
+        let inf = f32::NEG_INFINITY;
+        let logits = [3.0, 1.0, 2.0, 0.5];
+        let masked = [inf, 1.0, inf, 0.5];
+        let out = Sampler::new(cfg(), 0, &[]).sample_constrained(&logits, &masked, 4, 2);
+        let lp = log_softmax(&logits);
+        assert_eq!(out.token, 1);
+        assert_eq!(out.logprob, lp[1]);
+        assert_eq!(out.top, vec![(0, lp[0]), (2, lp[2])]);
     }
 
     #[test]

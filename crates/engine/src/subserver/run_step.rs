@@ -151,7 +151,9 @@ impl SubServer {
                 };
                 let mut masked = l.clone();
                 match grammar.mask(&mut masked) {
-                    Ok(()) => r.sampler.sample(&masked, limit, r.top_logprobs),
+                    Ok(()) => r
+                        .sampler
+                        .sample_constrained(l, &masked, limit, r.top_logprobs),
                     Err(e) => {
                         r.fault = Some(e.to_string());
                         unsampled
