@@ -51,13 +51,20 @@ impl GrammarCompiler {
         eos_ids: &[u32],
     ) -> Result<Self, GrammarError> {
         let tokenizer_error = |e: &dyn std::fmt::Display| GrammarError::Tokenizer(e.to_string());
-        let json = tokenizer
-            .to_string(false)
-            .map_err(|e| tokenizer_error(&e))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&json).map_err(|e| tokenizer_error(&e))?;
-        let mut words =
-            llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| tokenizer_error(&e))?;
+        let mut words = match byte_level_words(tokenizer) {
+            Some(words) => words,
+            // Other decoders (byte fallback, metaspace) through llguidance's reading of the
+            // tokenizer's JSON (tens of MB while it runs for a 150k vocabulary).
+            None => {
+                let json = tokenizer
+                    .to_string(false)
+                    .map_err(|e| tokenizer_error(&e))?;
+                let json: serde_json::Value =
+                    serde_json::from_str(&json).map_err(|e| tokenizer_error(&e))?;
+                llguidance::token_bytes_from_tokenizer_json(&json)
+                    .map_err(|e| tokenizer_error(&e))?
+            }
+        };
         let width = logits_width.max(words.len());
         words.resize(width, Vec::new());
         let eos = *eos_ids
@@ -108,6 +115,50 @@ impl GrammarCompiler {
             eos_ids: self.eos_ids.clone(),
         })
     }
+}
+
+/// Each token's bytes for a byte-level BPE tokenizer (Qwen2/3, Llama 3): its vocabulary
+/// strings spell bytes in GPT-2's printable alphabet; special added tokens get llguidance's
+/// 0xFF marker, so no grammar text can produce them. `None` for other decoders.
+fn byte_level_words(tokenizer: &tokenizers::Tokenizer) -> Option<Vec<Vec<u8>>> {
+    if !matches!(
+        tokenizer.get_decoder(),
+        Some(tokenizers::decoders::DecoderWrapper::ByteLevel(_))
+    ) {
+        return None;
+    }
+    // GPT-2's bytes_to_unicode, inverted: printable Latin-1 bytes stand for themselves, the
+    // others for U+0100 onwards in byte order.
+    let mut byte_of = std::collections::HashMap::new();
+    let mut next = 0x100u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let c = if printable {
+            char::from(b)
+        } else {
+            next += 1;
+            char::from_u32(next - 1)?
+        };
+        byte_of.insert(c, b);
+    }
+    let added = tokenizer.get_added_tokens_decoder();
+    let size = tokenizer.get_vocab_size(true);
+    let mut words = Vec::with_capacity(size);
+    for id in 0..size as u32 {
+        let word = match added.get(&id) {
+            Some(t) if t.special => [&[0xFF][..], t.content.as_bytes()].concat(),
+            Some(t) => t.content.as_bytes().to_vec(),
+            None => match tokenizer.id_to_token(id) {
+                Some(piece) => piece
+                    .chars()
+                    .map(|c| byte_of.get(&c).copied())
+                    .collect::<Option<_>>()?,
+                None => Vec::new(),
+            },
+        };
+        words.push(word);
+    }
+    Some(words)
 }
 
 /// A [`GrammarCompiler`] built on first use, once (callers meanwhile wait for it); a

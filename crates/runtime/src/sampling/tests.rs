@@ -1,0 +1,249 @@
+//! Sampling: greedy and seeded choices, penalties, bias, log-probabilities and top-k.
+use super::*;
+
+fn cfg() -> SamplingParams {
+    SamplingParams::greedy()
+}
+
+#[test]
+fn argmax_is_the_first_index_of_the_largest_value() {
+    // The compare-and-keep loop it replaces: the first strictly larger value wins.
+    let scalar = |values: &[f32]| {
+        let mut best = (0u32, f32::NEG_INFINITY);
+        for (i, &v) in values.iter().enumerate() {
+            if v > best.1 {
+                best = (i as u32, v);
+            }
+        }
+        best
+    };
+    let row: Vec<f32> = (0..1003)
+        .map(|i| ((i * 7919) % 1000) as f32 * 0.01)
+        .collect();
+    let mut rows = vec![row.clone(), vec![], vec![f32::NEG_INFINITY; 20]];
+    // Ties (first index wins), NaNs (never win), a lone NaN ahead of -inf, a tail.
+    let mut tied = row.clone();
+    tied[5] = 99.0;
+    tied[900] = 99.0;
+    tied[1001] = 99.0;
+    rows.push(tied);
+    let mut nan = row.clone();
+    nan[3] = f32::NAN;
+    nan[700] = f32::NAN;
+    rows.push(nan);
+    let mut lone = vec![f32::NEG_INFINITY; 17];
+    lone[0] = f32::NAN;
+    rows.push(lone);
+    let mut tail = row.clone();
+    tail[1002] = 1e9;
+    rows.push(tail);
+    // Signed zeros tying for largest, in lanes out of index order.
+    let mut zeros = vec![-1.0f32; 24];
+    zeros[9] = 0.0;
+    zeros[2] = -0.0;
+    rows.push(zeros);
+    for r in &rows {
+        let (a, b) = (argmax(r), scalar(r));
+        assert_eq!(
+            (a.0, a.1.to_bits()),
+            (b.0, b.1.to_bits()),
+            "{:?}",
+            &r[..r.len().min(4)]
+        );
+    }
+}
+
+#[test]
+fn greedy_picks_argmax_and_respects_limit() {
+    let mut s = Sampler::new(cfg(), 0, &[]);
+    let out = s.sample(&[0.1, 2.0, 0.5, 9.0], 3, 2);
+    assert_eq!(out.token, 1);
+    assert_eq!(out.top.len(), 2);
+    assert_eq!(out.top[0].0, 1);
+    let total: f64 = log_softmax(&[0.1, 2.0, 0.5])
+        .iter()
+        .map(|&x| (x as f64).exp())
+        .sum();
+    assert!((total - 1.0).abs() < 1e-6);
+}
+
+#[test]
+fn masked_tokens_are_no_alternatives() {
+    // Two tokens left by an output constraint; five alternatives asked for.
+    let inf = f32::NEG_INFINITY;
+    let out = Sampler::new(cfg(), 0, &[]).sample(&[inf, 1.0, inf, 0.5, inf], 5, 5);
+    assert_eq!(out.token, 1);
+    let ids: Vec<u32> = out.top.iter().map(|&(id, _)| id).collect();
+    assert_eq!(ids, vec![1, 3]);
+    assert!(out.top.iter().all(|&(_, lp)| lp.is_finite()) && out.logprob.is_finite());
+}
+
+#[test]
+fn a_constrained_choice_reports_the_models_own_logprobs() {
+    let inf = f32::NEG_INFINITY;
+    let logits = [3.0, 1.0, 2.0, 0.5];
+    let masked = [inf, 1.0, inf, 0.5];
+    let out = Sampler::new(cfg(), 0, &[]).sample_constrained(&logits, &masked, 4, 2);
+    let lp = log_softmax(&logits);
+    assert_eq!(out.token, 1);
+    assert_eq!(out.logprob, lp[1]);
+    assert_eq!(out.top, vec![(0, lp[0]), (2, lp[2])]);
+}
+
+#[test]
+fn penalties_and_bias_change_choice() {
+    let mut c = cfg();
+    c.frequency_penalty = 5.0;
+    let mut s = Sampler::new(c, 0, &[]);
+    s.observe(1);
+    assert_eq!(s.sample(&[0.0, 3.0, 1.0], 3, 0).token, 2);
+    let mut c = cfg();
+    c.logit_bias = vec![(0, 100.0)];
+    assert_eq!(
+        Sampler::new(c, 0, &[]).sample(&[0.0, 3.0, 1.0], 3, 0).token,
+        0
+    );
+    let mut c = cfg();
+    c.repetition_penalty = 10.0;
+    assert_eq!(
+        Sampler::new(c, 0, &[1])
+            .sample(&[0.0, 3.0, 1.0], 3, 0)
+            .token,
+        2
+    );
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_filters_apply() {
+    let mut c = cfg();
+    c.temperature = 1.0;
+    let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+    let draw = |seed| {
+        let mut s = Sampler::new(c.clone(), seed, &[]);
+        (0..20)
+            .map(|_| s.sample(&logits, 50, 0).token)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(draw(7), draw(7));
+    assert_ne!(draw(7), draw(8));
+    c.top_k = 1;
+    let mut s = Sampler::new(c.clone(), 3, &[]);
+    for _ in 0..10 {
+        assert_eq!(s.sample(&[0.0, 1.0, 0.9], 3, 0).token, 1);
+    }
+    c.top_k = 0;
+    c.min_p = 0.5;
+    let mut s = Sampler::new(c.clone(), 3, &[]);
+    for _ in 0..50 {
+        assert_ne!(s.sample(&[5.0, 4.9, -5.0], 3, 0).token, 2);
+    }
+    c.min_p = 0.0;
+    c.top_p = 0.1;
+    let mut s = Sampler::new(c, 3, &[]);
+    for _ in 0..20 {
+        assert_eq!(s.sample(&[5.0, 4.0, 1.0], 3, 0).token, 0);
+    }
+}
+
+#[test]
+fn chacha12_stream_equals_stdrng() {
+    // Seeded outputs from before the switch to the named generator stay the same.
+    let mut a = rand::rngs::StdRng::seed_from_u64(42);
+    let mut b = ChaCha12Rng::seed_from_u64(42);
+    for _ in 0..100 {
+        assert_eq!(a.random::<u64>(), b.random::<u64>());
+    }
+}
+
+#[test]
+fn restore_continues_the_same_stream() {
+    let mut c = cfg();
+    c.temperature = 0.9;
+    c.presence_penalty = 0.7;
+    let logits: Vec<f32> = (0..64).map(|i| (i % 9) as f32 * 0.25).collect();
+    let mut original = Sampler::new(c.clone(), 11, &[3, 4]);
+    for _ in 0..7 {
+        let t = original.sample(&logits, 64, 0).token;
+        original.observe(t);
+    }
+    let mut copy = Sampler::restore(c, 11, &[3, 4], original.rng_position(), &original.counts());
+    assert!(original.rng_position() > 0);
+    for _ in 0..20 {
+        let (a, b) = (original.sample(&logits, 64, 0), copy.sample(&logits, 64, 0));
+        assert_eq!(a, b);
+        original.observe(a.token);
+        copy.observe(b.token);
+    }
+    assert_eq!(original.counts(), copy.counts());
+}
+
+#[test]
+fn fast_exp_matches_libm() {
+    for i in 0..2000 {
+        let x = -80.0 + i as f32 * 0.0423;
+        let (a, b) = (fast_exp(x), x.exp());
+        // f32 rounding of x * log2(e) costs ~6e-8 relative per unit of |x|.
+        assert!(
+            (a - b).abs() <= 3e-7 * (1.0 + x.abs()) * b,
+            "{x}: {a} vs {b}"
+        );
+    }
+}
+
+#[test]
+fn fast_paths_agree_with_the_definitions() {
+    let logits: Vec<f32> = (0..151_936)
+        .map(|i| ((i * 7919) % 1000) as f32 * 0.013 - 4.0)
+        .collect();
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    let lse = max + sum.ln();
+    assert!((log_sum_exp(&logits) as f64 - lse).abs() < 1e-5);
+    let h: f64 = -logits
+        .iter()
+        .map(|&l| {
+            let lp = l as f64 - lse;
+            lp.exp() * lp
+        })
+        .sum::<f64>();
+    assert!(
+        (entropy(&logits) as f64 - h).abs() < 1e-4,
+        "{} vs {h}",
+        entropy(&logits)
+    );
+    let mut s = Sampler::new(cfg(), 0, &[]);
+    let out = s.sample(&logits, logits.len(), 3);
+    assert_eq!(out.token, top_k_indices(&logits, 1)[0]);
+    assert!((out.logprob as f64 - (logits[out.token as usize] as f64 - lse)).abs() < 1e-5);
+    assert_eq!(out.top.len(), 3);
+}
+
+#[test]
+fn streamed_top_k_equals_sorting_the_row() {
+    // Many ties (values repeat every 37 ids), signed zeros and infinities.
+    let mut values: Vec<f32> = (0..5000).map(|i| ((i * 7919) % 37) as f32 - 18.0).collect();
+    values[10] = -0.0;
+    values[11] = 0.0;
+    values[4000] = f32::INFINITY;
+    values[200] = f32::NEG_INFINITY;
+    let sorted = |k: usize| {
+        let mut idx: Vec<u32> = (0..values.len() as u32).collect();
+        idx.sort_by(|a, b| {
+            values[*b as usize]
+                .partial_cmp(&values[*a as usize])
+                .unwrap()
+                .then(a.cmp(b))
+        });
+        idx.truncate(k);
+        idx
+    };
+    for k in [1, 2, 5, 20, 64, 65, 300] {
+        assert_eq!(top_k_indices(&values, k), sorted(k), "k = {k}");
+    }
+    assert_eq!(top_k_indices(&[1.0, 3.0], 5), vec![1, 0]);
+}
+
+#[test]
+fn entropy_of_uniform_is_ln_n() {
+    assert!((entropy(&[1.0; 8]) - (8f32).ln()).abs() < 1e-5);
+}
