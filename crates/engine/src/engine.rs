@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokenrouter_api::{
     Backend, FinishReason, GenerateEvent, GenerateRequest, GenerateStream, ModelInfo, SubmitError,
 };
-use tokenrouter_grammar::{GrammarCompiler, GrammarError};
+use tokenrouter_grammar::LazyCompiler;
 use tokenrouter_runtime::TextModel;
 
 mod backend;
@@ -101,8 +101,8 @@ struct Inner {
     tuner_stop: Arc<AtomicBool>,
     remote_rt: Mutex<Option<RemoteRuntime>>,
     remote_stats: Arc<crate::remote::ProxyStats>,
-    /// Structured output's token table, built at the first constrained request.
-    grammar: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
+    /// Structured output's token table (from the entry model's tokenizer, once loaded).
+    grammar: OnceLock<Arc<LazyCompiler>>,
 }
 
 /// The running engine; cheap to clone.
@@ -389,6 +389,11 @@ impl Engine {
         if let Ok(mut slot) = self.inner.remote_rt.lock() {
             *slot = Some(remote_rt);
         }
+        let _ = self.inner.grammar.set(Arc::new(LazyCompiler::new(
+            loaded.text.tokenizer().clone(),
+            loaded.text.vocab_len(),
+            loaded.text.eos_ids().to_vec(),
+        )));
         let _ = self.inner.text.set(loaded.text);
         let _ = self.inner.infos.set(loaded.infos);
         let _ = self.inner.shared.set(loaded.shared.clone());
@@ -416,16 +421,11 @@ impl Engine {
         }
         self.inner.ready.store(true, Ordering::SeqCst);
         tracing::info!("engine ready");
-        // Structured output's token table (~1 s for a 151k vocabulary on 2 cores), built
-        // now rather than inside the first constrained request's submission.
-        let engine = self.clone();
-        let _ = std::thread::Builder::new()
-            .name("tokenrouter-grammar".into())
-            .spawn(move || {
-                if let Err(e) = engine.grammar_compiler() {
-                    tracing::warn!("structured output is unavailable: {e}");
-                }
-            });
+        // Structured output's token table, built now rather than inside the first
+        // constrained request's submission.
+        if let Some(grammar) = self.inner.grammar.get() {
+            grammar.build_in_background();
+        }
         Ok(())
     }
 

@@ -189,6 +189,19 @@ impl LazyCompiler {
             })
             .clone()
     }
+
+    /// Builds it now on a thread of its own, so that the first constrained request finds
+    /// it ready (Qwen2.5's 151k tokens: 0.4 s on 2 cores).
+    pub fn build_in_background(self: &Arc<Self>) {
+        let this = self.clone();
+        let _ = std::thread::Builder::new()
+            .name("tokenrouter-grammar".into())
+            .spawn(move || {
+                if let Err(e) = this.get() {
+                    tracing::warn!("structured output is unavailable: {e}");
+                }
+            });
+    }
 }
 
 /// One request's place in its constraint.

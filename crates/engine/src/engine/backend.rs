@@ -297,16 +297,11 @@ impl Engine {
     /// The token table of structured output, built once (the entry model's tokenizer: the
     /// models share their token ids).
     pub(crate) fn grammar_compiler(&self) -> Result<Arc<GrammarCompiler>, GrammarError> {
-        let text = self
-            .text()
-            .ok_or_else(|| GrammarError::Tokenizer("the models are still loading".into()))?;
         self.inner
             .grammar
-            .get_or_init(|| {
-                GrammarCompiler::new(text.tokenizer(), text.vocab_len(), text.eos_ids())
-                    .map(Arc::new)
-            })
-            .clone()
+            .get()
+            .ok_or_else(|| GrammarError::Tokenizer("the models are still loading".into()))?
+            .get()
     }
 
     /// The engine-side request (sampling state, stop ids) and the client's stream.

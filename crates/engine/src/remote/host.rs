@@ -115,14 +115,7 @@ pub fn start_subserver(
         text.vocab_len(),
         text.eos_ids().to_vec(),
     ));
-    let warm = grammar.clone();
-    let _ = std::thread::Builder::new()
-        .name("tokenrouter-grammar".into())
-        .spawn(move || {
-            if let Err(e) = warm.get() {
-                tracing::warn!("structured output is unavailable: {e}");
-            }
-        });
+    grammar.build_in_background();
     let state = Arc::new(HostState {
         idx,
         name: m.name.clone(),
