@@ -206,6 +206,10 @@ pub struct GenerateRequest {
     pub constraint: Option<OutputConstraint>,
 }
 
+/// The `param` a backend names when it refuses a request's constraint
+/// (`SubmitError::InvalidField`); front ends rename it to the field their client sent.
+pub const CONSTRAINT_PARAM: &str = "constraint";
+
 /// What a constrained request's output must be (see `GenerateRequest::constraint`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", content = "value", rename_all = "snake_case")]

@@ -244,16 +244,39 @@ impl Sampler {
 
     /// Sample from `logits`; ids at or above `limit` (padding) are never chosen.
     pub fn sample(&mut self, logits: &[f32], limit: usize, top_logprobs: usize) -> Sampled {
-        let limit = limit.min(logits.len()).max(1);
+        self.sample_constrained(logits, logits, limit, top_logprobs)
+    }
+
+    /// `sample` choosing among the tokens an output constraint left in `masked` (the others
+    /// -inf), the log-probabilities reported from the model's own `logits` as always
+    /// (before penalties, bias, temperature and the constraint).
+    pub fn sample_constrained(
+        &mut self,
+        logits: &[f32],
+        masked: &[f32],
+        limit: usize,
+        top_logprobs: usize,
+    ) -> Sampled {
+        let limit = limit.min(logits.len()).min(masked.len()).max(1);
+        let token = self.choose(&masked[..limit]);
         let raw = &logits[..limit];
-        let lse = log_sum_exp(raw);
+        let (logprob, top) = logprob_and_top(raw, log_sum_exp(raw), token, top_logprobs);
+        Sampled {
+            token,
+            logprob,
+            top,
+        }
+    }
+
+    /// The next token from `raw` after penalties, bias and temperature.
+    fn choose(&mut self, raw: &[f32]) -> u32 {
         let c = &self.config;
         let adjusted = !self.counts.is_empty()
             && (c.presence_penalty != 0.0 || c.frequency_penalty != 0.0)
             || (c.repetition_penalty != 1.0
                 && !(self.counts.is_empty() && self.prompt_tokens.is_empty()))
             || !c.logit_bias.is_empty();
-        let token = if !adjusted && c.temperature <= 0.0 {
+        if !adjusted && c.temperature <= 0.0 {
             argmax(raw).0
         } else {
             let mut l = raw.to_vec();
@@ -284,32 +307,6 @@ impl Sampler {
             } else {
                 self.sample_stochastic(&l)
             }
-        };
-        let (logprob, top) = logprob_and_top(raw, lse, token, top_logprobs);
-        Sampled {
-            token,
-            logprob,
-            top,
-        }
-    }
-
-    /// `sample` choosing among the tokens an output constraint left in `masked` (the others
-    /// -inf), the log-probabilities reported from the model's own `logits` as always
-    /// (before penalties, bias, temperature and the constraint).
-    pub fn sample_constrained(
-        &mut self,
-        logits: &[f32],
-        masked: &[f32],
-        limit: usize,
-        top_logprobs: usize,
-    ) -> Sampled {
-        let token = self.sample(masked, limit, 0).token;
-        let raw = &logits[..limit.min(logits.len()).max(1)];
-        let (logprob, top) = logprob_and_top(raw, log_sum_exp(raw), token, top_logprobs);
-        Sampled {
-            token,
-            logprob,
-            top,
         }
     }
 

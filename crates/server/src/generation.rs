@@ -10,6 +10,7 @@ use std::time::Instant;
 use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 use tokenrouter_api::{
     Backend, FinishReason, GenerateEvent, GenerateStream, SubmitError, TextError, TokenEvent,
+    CONSTRAINT_PARAM,
 };
 use tokio::sync::watch;
 
@@ -64,8 +65,11 @@ impl Generation {
         // All choices of all prompts are admitted together or not at all.
         let streams = state.backend.submit_all(requests).map_err(|e| match e {
             // The engine names a constraint `constraint`; the client sent its own field.
-            SubmitError::InvalidField { param, message } if param == "constraint" => {
-                let field = plan.constraint.as_ref().map_or("constraint", |(_, f)| *f);
+            SubmitError::InvalidField { param, message } if param == CONSTRAINT_PARAM => {
+                let field = plan
+                    .constraint
+                    .as_ref()
+                    .map_or(CONSTRAINT_PARAM, |(_, f)| *f);
                 ApiError::invalid(field, message)
             }
             e => ApiError::from(e),

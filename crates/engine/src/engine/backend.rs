@@ -9,14 +9,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokenrouter_api::{
     Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, OutputConstraint,
-    SubmitError, TextError,
+    SubmitError, TextError, CONSTRAINT_PARAM,
 };
 use tokenrouter_grammar::{Grammar, GrammarCompiler, GrammarError};
 use tokenrouter_runtime::Sampler;
-
-/// The request field a constraint came in, as the engine names it in errors (front ends
-/// name their own field: the server's `response_format` or `guided_*`).
-pub const CONSTRAINT_PARAM: &str = "constraint";
 
 impl Backend for Engine {
     fn models(&self) -> Vec<ModelInfo> {
