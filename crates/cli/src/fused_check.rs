@@ -56,6 +56,10 @@ pub fn check_fused(config: &Path, device: &str) -> Result<()> {
     println!(
         "CHECK router_inputs entropy_max_abs_err {ent_err:.2e} top100_mismatches {top_mismatch} (8 rows of 151936 logits vs host)"
     );
+    let (wrong, lp_err) = tokenrouter_runtime::cuda::check::check_masked_greedy(&dev)?;
+    println!(
+        "CHECK masked_greedy wrong_picks {wrong} logprob_max_abs_err {lp_err:.2e} (8 rows of 151936 logits, token masks, vs host)"
+    );
     let (mut folded_worst, mut norm_worst) = (0f32, 0f32);
     for (what, m, e) in tokenrouter_runtime::cuda::check::check_fused_gemv(&dev)? {
         if what.starts_with("rms_norm") {

@@ -22,6 +22,7 @@ const FLAGS: &[Switch<bool>] = &[
     ("TOKENROUTER_ATTN_COMBINE_IN_KERNEL", |k| {
         &mut k.attention_combine_in_kernel
     }),
+    ("TOKENROUTER_DEVICE_MASKS", |k| &mut k.device_masks),
 ];
 
 /// The CPU kernel choices.

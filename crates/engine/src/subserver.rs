@@ -15,6 +15,7 @@ use tokenrouter_runtime::{Runner, RuntimeError, StepOptions};
 
 mod after_step;
 mod faults;
+mod masks;
 mod run_step;
 mod score_prompt;
 mod shared;

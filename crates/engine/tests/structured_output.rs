@@ -119,6 +119,50 @@ async fn routed_and_pinned_answers_keep_to_their_constraint() {
     assert_all_free(&e, Duration::from_secs(5));
 }
 
+/// Many constrained requests in one batch (their masks computed on several threads), each
+/// with its own pattern, beside free ones: every answer keeps to its own constraint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_constraints_keeps_each_row_to_its_own() {
+    let (_pair, e) = routed_pair();
+    let words = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen"];
+    let mut tasks = Vec::new();
+    for salt in 0..24u32 {
+        let word = words[salt as usize % words.len()];
+        let temperature = if salt % 3 == 0 { 1.0 } else { 0.0 };
+        let req = match salt % 4 {
+            3 => GenerateRequest {
+                ignore_eos: false,
+                ..greedy_request(prompt(9, salt), 12)
+            },
+            _ => constrained(
+                salt,
+                OutputConstraint::Regex(format!("{word}-[0-9]{{3}}")),
+                temperature,
+            ),
+        };
+        let free = req.constraint.is_none();
+        let e = e.clone();
+        tasks.push(tokio::spawn(
+            async move { (word, free, answer(&e, req).await) },
+        ));
+    }
+    for t in tasks {
+        let (word, free, (text, _, reason)) = t.await.unwrap();
+        if free {
+            continue;
+        }
+        let b = text.as_bytes();
+        assert!(
+            b.len() == 7
+                && text.starts_with(&format!("{word}-"))
+                && b[4..].iter().all(u8::is_ascii_digit),
+            "{word}: {text:?}"
+        );
+        assert_eq!(reason, FinishReason::Stop);
+    }
+    assert_all_free(&e, Duration::from_secs(5));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_constraints_are_refused_naming_the_field() {
     let (_pair, e) = routed_pair();

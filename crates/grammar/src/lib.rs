@@ -223,6 +223,13 @@ impl Grammar {
     /// Sets the logit of every token that cannot come next to -inf. Where the constraint
     /// may end, every end-of-generation id stays allowed; once it must end, only those.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+        self.allowed()?.apply(logits);
+        Ok(())
+    }
+
+    /// The tokens that may come next ([`Grammar::mask`] without logits at hand: computed
+    /// while a GPU runs the step, applied to its logits there).
+    pub fn allowed(&mut self) -> Result<Allowed, GrammarError> {
         let mut allowed = self.matcher.compute_mask_or_eos().map_err(decoding)?;
         if allowed.is_allowed(self.eos) {
             for &id in self.eos_ids.iter() {
@@ -231,14 +238,7 @@ impl Grammar {
                 }
             }
         }
-        let covered = allowed.len().min(logits.len());
-        allowed.iter_unset_entries(|i| {
-            if let Some(x) = logits.get_mut(i) {
-                *x = f32::NEG_INFINITY;
-            }
-        });
-        logits[covered..].fill(f32::NEG_INFINITY);
-        Ok(())
+        Ok(Allowed(allowed))
     }
 
     /// The request kept `token` (any end-of-generation id counts as the table's; once the
@@ -265,6 +265,39 @@ impl Grammar {
     /// Nothing but an end of generation may follow.
     pub fn must_end(&self) -> bool {
         self.matcher.is_stopped()
+    }
+}
+
+/// One step's set of tokens a constrained request may sample.
+pub struct Allowed(llguidance::toktrie::SimpleVob);
+
+impl Allowed {
+    /// Sets the logit of every other token to -inf (ids past the token table included).
+    pub fn apply(&self, logits: &mut [f32]) {
+        let covered = self.0.len().min(logits.len());
+        self.0.iter_unset_entries(|i| {
+            if let Some(x) = logits.get_mut(i) {
+                *x = f32::NEG_INFINITY;
+            }
+        });
+        logits[covered..].fill(f32::NEG_INFINITY);
+    }
+
+    /// Writes 1 for each allowed id and 0 for the others over `flags` (ids past the token
+    /// table: 0): the form a device mask is uploaded in.
+    pub fn write_flags(&self, flags: &mut [u8]) {
+        let covered = self.0.len().min(flags.len());
+        let (head, tail) = flags.split_at_mut(covered);
+        for (chunk, word) in head.chunks_mut(32).zip(self.0.as_slice()) {
+            for (bit, f) in chunk.iter_mut().enumerate() {
+                *f = ((word >> bit) & 1) as u8;
+            }
+        }
+        tail.fill(0);
+    }
+
+    pub fn is_allowed(&self, token: u32) -> bool {
+        (token as usize) < self.0.len() && self.0.is_allowed(token)
     }
 }
 

@@ -52,8 +52,16 @@ fn decode_favouring(constraint: &OutputConstraint, seed: u64, favoured: &str) ->
         for &f in &favoured {
             logits[f as usize] += 1.0;
         }
-        grammar.mask(&mut logits).unwrap();
+        let allowed = grammar.allowed().unwrap();
+        let mut flags = vec![7u8; logits.len()];
+        allowed.write_flags(&mut flags);
+        allowed.apply(&mut logits);
         assert!(logits[VOCAB..].iter().all(|x| *x == f32::NEG_INFINITY));
+        // The device's form of the mask (flags) allows exactly what the host's leaves finite.
+        for (i, (&f, x)) in flags.iter().zip(&logits).enumerate() {
+            assert_eq!(f == 1, x.is_finite(), "token {i}");
+            assert_eq!(f == 1, allowed.is_allowed(i as u32), "token {i}");
+        }
         let (token, best) = logits
             .iter()
             .enumerate()

@@ -41,6 +41,9 @@ pub struct KernelOptions {
     pub attention_tiles: bool,
     /// Combine attention splits in the split kernel's last block (measured slower).
     pub attention_combine_in_kernel: bool,
+    /// Greedy rows with structured output pick on the device under an uploaded token mask
+    /// (off: such a step's logits all come to the host and are sampled there).
+    pub device_masks: bool,
 }
 
 impl Default for KernelOptions {
@@ -57,6 +60,7 @@ impl Default for KernelOptions {
             attention_mma: true,
             attention_tiles: false,
             attention_combine_in_kernel: false,
+            device_masks: true,
         }
     }
 }

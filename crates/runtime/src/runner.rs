@@ -51,6 +51,17 @@ impl StepOutput {
     /// `limit` and its log-probability. Copies two numbers per row to the host instead of
     /// the whole vocabulary (ties may resolve to any of the tied ids).
     pub fn greedy_rows(&self, limit: usize) -> Result<Vec<(u32, f32)>> {
+        self.greedy_rows_allowed(limit, None)
+    }
+
+    /// [`StepOutput::greedy_rows`] among the ids `allowed` flags (u8 `[rows, limit]`, 1 =
+    /// may be picked: structured output's masks, uploaded). The log-probability stays the
+    /// model's own, over the whole row (vLLM's raw log-probabilities).
+    pub fn greedy_rows_allowed(
+        &self,
+        limit: usize,
+        allowed: Option<&Tensor>,
+    ) -> Result<Vec<(u32, f32)>> {
         let l = &self.logits;
         let limit = limit.clamp(1, l.dim(1)?);
         let l = if limit < l.dim(1)? {
@@ -58,10 +69,25 @@ impl StepOutput {
         } else {
             l.clone()
         };
-        let idx = l.argmax_keepdim(1)?;
-        let max = l.gather(&idx, 1)?;
+        let idx = match allowed {
+            None => l.argmax_keepdim(1)?,
+            Some(allowed) => {
+                if allowed.dims() != l.dims() {
+                    return Err(RuntimeError::InvalidStep(format!(
+                        "a token mask of shape {:?} for logits of shape {:?}",
+                        allowed.dims(),
+                        l.dims()
+                    )));
+                }
+                let never =
+                    Tensor::full(f32::NEG_INFINITY, l.dims(), l.device())?.to_dtype(l.dtype())?;
+                allowed.where_cond(&l, &never)?.argmax_keepdim(1)?
+            }
+        };
+        let pick = l.gather(&idx, 1)?;
+        let max = l.max_keepdim(1)?;
         let lse = (l.broadcast_sub(&max)?.exp()?.sum_keepdim(1)?.log()? + &max)?;
-        let logprob = (max - lse)?.flatten_all()?.to_vec1::<f32>()?;
+        let logprob = (pick - lse)?.flatten_all()?.to_vec1::<f32>()?;
         let ids = idx.flatten_all()?.to_vec1::<u32>()?;
         Ok(ids.into_iter().zip(logprob).collect())
     }

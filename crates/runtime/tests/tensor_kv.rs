@@ -153,6 +153,52 @@ fn greedy_rows_match_the_host_sampler() {
     }
 }
 
+/// Greedy picks under token masks (structured output's device path) equal the host's:
+/// the best allowed id, with the model's own log-probability over the whole row.
+#[test]
+fn masked_greedy_rows_pick_the_best_allowed_id() {
+    use candle_core::{Device, Tensor};
+    use tokenrouter_runtime::runner::StepOutput;
+    use tokenrouter_runtime::{Sampler, SamplingParams};
+    let (vocab, limit, rows) = (300usize, 288usize, 3usize);
+    let logits = Tensor::randn(0f32, 3.0, (rows, vocab), &Device::Cpu).unwrap();
+    let out = StepOutput {
+        logits,
+        hidden: None,
+    };
+    let keep = |r: usize, t: usize| match r {
+        0 => t.is_multiple_of(3),
+        1 => t == 17,
+        _ => true,
+    };
+    let flags: Vec<u8> = (0..rows * limit)
+        .map(|i| keep(i / limit, i % limit) as u8)
+        .collect();
+    let allowed = Tensor::from_vec(flags, (rows, limit), &Device::Cpu).unwrap();
+    let picks = out.greedy_rows_allowed(limit, Some(&allowed)).unwrap();
+    for (r, (row, (token, logprob))) in out.logits_rows().unwrap().iter().zip(picks).enumerate() {
+        let mut masked = row.clone();
+        for (t, x) in masked.iter_mut().enumerate() {
+            if t >= limit || !keep(r, t) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        let want = Sampler::new(SamplingParams::greedy(), 0, &[])
+            .sample_constrained(row, &masked, limit, 0);
+        assert_eq!(token, want.token, "row {r}");
+        assert!(
+            (logprob - want.logprob).abs() < 1e-4,
+            "{logprob} vs {}",
+            want.logprob
+        );
+    }
+    let wrong_shape = Tensor::zeros((1, limit), candle_core::DType::U8, &Device::Cpu).unwrap();
+    assert!(
+        out.greedy_rows_allowed(limit, Some(&wrong_shape)).is_err(),
+        "a mask of the wrong shape is refused"
+    );
+}
+
 /// The step's normalised entropy (computed where the logits are) equals the host's
 /// definition over the same first `limit` logits.
 #[test]

@@ -4,7 +4,8 @@
 //! (metrics, the latency log the online tuner reads).
 
 use super::after_step::StepSeen;
-use super::{shared, StepSample, SubServer};
+use super::{masks, shared, StepSample, SubServer};
+use tokenrouter_grammar::Allowed;
 use tokenrouter_runtime::{Row, RuntimeError, Sampled, StepOptions, StepOutput};
 
 /// What the forward pass and sampling produced for the running batch.
@@ -67,10 +68,13 @@ impl SubServer {
         poison_first: bool,
     ) -> Result<Stepped, RuntimeError> {
         let limit = self.sample_limit;
-        let on_device = !self.runner.model().device().is_cpu()
+        let model = self.runner.model();
+        let on_device = !model.device().is_cpu()
             && self.needs.no_logits
             && self.running.iter().all(|r| {
-                r.top_logprobs == 0 && r.sampler.config.is_plain_greedy() && r.grammar.is_none()
+                r.top_logprobs == 0
+                    && r.sampler.config.is_plain_greedy()
+                    && (r.grammar.is_none() || model.kernels().device_masks)
             });
         let (want_entropy, want_top) = (self.needs.entropy, self.needs.top_logits);
         let opts = StepOptions {
@@ -78,6 +82,8 @@ impl SubServer {
             all_logits: false,
         };
         let output = self.runner.step(rows, opts)?;
+        // A GPU runs the step while the host works out the constrained rows' token masks.
+        let allowed = self.allowed_tokens();
         let entropy = if want_entropy {
             Some(output.entropy_rows(limit)?)
         } else {
@@ -96,8 +102,9 @@ impl SubServer {
         };
         // Without the top logits the policy reads them from the host logits.
         if on_device && (want_top == 0 || top.is_some()) {
+            let mask = masks::upload(&allowed, limit, &output.logits)?;
             let sampled = output
-                .greedy_rows(limit)?
+                .greedy_rows_allowed(limit, mask.as_ref())?
                 .into_iter()
                 .map(|(token, logprob)| Sampled {
                     token,
@@ -119,7 +126,7 @@ impl SubServer {
                 first.iter_mut().for_each(|x| *x = f32::NAN);
             }
         }
-        let sampled = self.sample_on_host(&logits);
+        let sampled = self.sample_on_host(&logits, &allowed);
         Ok(Stepped {
             output,
             logits: Some(logits),
@@ -129,34 +136,41 @@ impl SubServer {
         })
     }
 
+    /// Each constrained request's tokens allowed next (`None` for the others, and for one
+    /// whose constraint failed: it fails alone, after the step).
+    fn allowed_tokens(&mut self) -> Vec<Option<Allowed>> {
+        let grammars = self.running.iter_mut().map(|r| match r.grammar.as_mut() {
+            Some(g) if r.fault.is_none() => Some((g.as_mut(), &mut r.fault)),
+            _ => None,
+        });
+        masks::compute(grammars.collect())
+    }
+
     /// Each request's own sampler over its row (a copy masked by its constraint, if it has
     /// one: the policy sees the model's own distribution). A row with NaN logits, or whose
     /// constraint failed, is not sampled (it fails alone, after the step).
-    fn sample_on_host(&mut self, logits: &[Vec<f32>]) -> Vec<Sampled> {
+    fn sample_on_host(&mut self, logits: &[Vec<f32>], allowed: &[Option<Allowed>]) -> Vec<Sampled> {
         let limit = self.sample_limit;
         self.running
             .iter_mut()
             .zip(logits)
-            .map(|(r, l)| {
+            .zip(allowed)
+            .map(|((r, l), allowed)| {
                 let unsampled = Sampled {
                     token: 0,
                     logprob: f32::NAN,
                     top: Vec::new(),
                 };
-                if l[..limit.min(l.len())].iter().any(|x| x.is_nan()) {
+                if l[..limit.min(l.len())].iter().any(|x| x.is_nan()) || r.fault.is_some() {
                     return unsampled;
                 }
-                let Some(grammar) = r.grammar.as_mut() else {
-                    return r.sampler.sample(l, limit, r.top_logprobs);
-                };
-                let mut masked = l.clone();
-                match grammar.mask(&mut masked) {
-                    Ok(()) => r
-                        .sampler
-                        .sample_constrained(l, &masked, limit, r.top_logprobs),
-                    Err(e) => {
-                        r.fault = Some(e.to_string());
-                        unsampled
+                match allowed {
+                    None => r.sampler.sample(l, limit, r.top_logprobs),
+                    Some(allowed) => {
+                        let mut masked = l.clone();
+                        allowed.apply(&mut masked);
+                        r.sampler
+                            .sample_constrained(l, &masked, limit, r.top_logprobs)
                     }
                 }
             })

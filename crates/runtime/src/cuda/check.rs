@@ -243,6 +243,51 @@ pub fn check_router_inputs(device: &Device) -> Result<(f32, usize)> {
     Ok((worst, mismatches))
 }
 
+/// Greedy picks under token masks on the device (`StepOutput::greedy_rows_allowed`, the
+/// path of greedy structured output) against the host's argmax over the same allowed ids and
+/// its log-probability over the whole row: (wrong picks, max |log-prob diff|).
+pub fn check_masked_greedy(device: &Device) -> Result<(usize, f32)> {
+    use crate::runner::StepOutput;
+    let (vocab, limit) = (151_936usize, 151_665usize);
+    let rows = 8;
+    let logits = Tensor::randn(0f32, 3.0, (rows, vocab), device)?;
+    // Row r allows every (r + 2)-th id (row 0: one id in two), the last row a single id.
+    let flags: Vec<u8> = (0..rows * limit)
+        .map(|i| {
+            let (r, t) = (i / limit, i % limit);
+            let keep = if r == rows - 1 {
+                t == 4242
+            } else {
+                t % (r + 2) == 1
+            };
+            keep as u8
+        })
+        .collect();
+    let allowed = Tensor::from_vec(flags.clone(), (rows, limit), device)?;
+    let out = StepOutput {
+        logits,
+        hidden: None,
+    };
+    let msg = |e: crate::RuntimeError| candle_core::Error::Msg(e.to_string());
+    let got = out
+        .greedy_rows_allowed(limit, Some(&allowed))
+        .map_err(msg)?;
+    let (mut wrong, mut worst) = (0usize, 0f32);
+    for (r, (row, (token, logprob))) in out.logits_rows().map_err(msg)?.iter().zip(got).enumerate()
+    {
+        let row = &row[..limit];
+        let best = (0..limit)
+            .filter(|&t| flags[r * limit + t] == 1)
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+            .unwrap_or(0);
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let lse = max + row.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
+        wrong += (token as usize != best) as usize;
+        worst = worst.max((logprob - (row[best] - lse)).abs());
+    }
+    Ok((wrong, worst))
+}
+
 /// The skinny matmuls with folded-in ops (`cuda::gemv`) against the separate kernels they
 /// replace, same inputs: `(what, rows, max |diff| / max |reference|)`. The arithmetic is the
 /// same, so differences are at most one bf16 rounding step. Also the RMSNorm kernel against
