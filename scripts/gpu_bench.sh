@@ -11,6 +11,8 @@
 #      logits); "ablate": the 0.6B step with CUDA graphs / fused kernels / the per-group
 #      attention kernel / the folded skinny matmuls off, for comparison;
 #   5. end-to-end routing throughput (scripts/gpu_routing.py: serve + bench, random p = 0.35);
+#   7. "structured" (not in the default STEPS): structured output on the 0.6B shape, masks on
+#      the device vs on the host, free vs json_object / schema / regex (scripts/gpu_structured.py);
 #   6. "remote" (not in the default STEPS): the 32B served by `tokenrouter subserver` in a
 #      second process on the same GPU vs in-process (scripts/bench_remote.py).
 # Logs go to $OUT; a short table is printed last. STEPS picks sections (default all:
@@ -26,6 +28,9 @@ BIN=$(mktemp /tmp/tokenrouter.XXXXXX)   # one copy per run: scripts/gpu_table_x2
 if [ -f $G/tokenrouter.xz ]; then xz -dc $G/tokenrouter.xz > $BIN; else cp $G/tokenrouter $BIN; fi
 chmod +x $BIN
 RUN="bash $G/run-on-gpu.sh $BIN"
+WRAP=$BIN-wrapped   # $RUN as one executable, for scripts that take a binary
+printf '#!/usr/bin/env bash\nexec bash %s %s "$@"\n' "$PWD/$G/run-on-gpu.sh" "$BIN" > $WRAP
+chmod +x $WRAP
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/env.txt
 
@@ -37,6 +42,11 @@ echo "== 6. the 32B in a second process on the same GPU vs both in-process (scri
 python3 scripts/bench_remote.py --bin "$RUN" --config config/random/Qwen3-0.6B_Qwen3-32B_random-weights.yaml \
   --set model.reference.delayed_batching_threshold=1 --concurrency ${REMOTE_CONCURRENCY:-1 8 16} \
   --prompts 16 --max-tokens ${REMOTE_MAX_TOKENS:-128} --out $OUT/remote 2>&1 | tee $OUT/remote.txt | tail -12
+fi
+
+if has structured; then
+echo "== 7. structured output: masks on the device vs on the host (scripts/gpu_structured.py)"
+python3 scripts/gpu_structured.py --bin $WRAP --out $OUT/structured ${STRUCTURED_ARGS:-} 2>&1 | tee $OUT/structured.txt | tail -20
 fi
 
 if has check; then
@@ -109,9 +119,6 @@ fi
 
 if has routing; then
 echo "== 5. end-to-end routing"
-WRAP=$BIN-wrapped
-printf '#!/usr/bin/env bash\nexec bash %s %s "$@"\n' "$PWD/$G/run-on-gpu.sh" "$BIN" > $WRAP
-chmod +x $WRAP
 python3 scripts/gpu_routing.py --bin $WRAP --out $OUT/routing ${ROUTING_ARGS:-} 2>&1 | tee $OUT/routing.txt | tail -12
 fi
 

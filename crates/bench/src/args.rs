@@ -91,6 +91,10 @@ pub struct BenchArgs {
     /// Sampling temperature (server default when absent).
     #[arg(long)]
     pub temperature: Option<f64>,
+    /// A JSON object merged into every request body, its keys over the benchmark's (e.g.
+    /// `'{"response_format": {"type": "json_object"}}'`; SGLang's `--extra-request-body`).
+    #[arg(long = "extra-body", alias = "extra-request-body", value_name = "JSON", value_parser = json_object)]
+    pub extra_body: Option<serde_json::Map<String, serde_json::Value>>,
     /// Seed: request i is sent sampling `seed` + i (reproducible across runs, distinct per
     /// request); also seeds the Poisson arrivals.
     #[arg(long)]
@@ -124,6 +128,14 @@ pub struct BenchArgs {
         conflicts_with_all = ["concurrency", "request_rate", "base_url", "num_prompts", "repeats", "max_tokens", "out_dir", "dataset"]
     )]
     pub positional: Vec<String>,
+}
+
+fn json_object(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(s) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(_) => Err("expected a JSON object".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 /// Names of the positional values, in order (for messages).

@@ -139,6 +139,9 @@ impl Prompt {
         if args.ignore_eos {
             body.insert("ignore_eos".into(), json!(true));
         }
+        for (key, value) in args.extra_body.iter().flatten() {
+            body.insert(key.clone(), value.clone());
+        }
         Value::Object(body)
     }
 }
@@ -206,5 +209,24 @@ mod tests {
         let b = msgs.body(&args, "m", 2);
         assert_eq!(b["prompt"], "s\n\nu");
         assert!(b.get("ignore_eos").is_none());
+    }
+
+    #[test]
+    fn an_extra_body_is_merged_over_the_benchmarks_fields() {
+        let args = BenchArgs::from_flags([
+            "--max-tokens",
+            "9",
+            "--extra-body",
+            r#"{"response_format": {"type": "json_object"}, "max_tokens": 5}"#,
+        ])
+        .expect("flags");
+        let b = Prompt::Text("q".into()).body(&args, "m", 0);
+        assert_eq!(b["response_format"]["type"], "json_object");
+        assert_eq!(b["max_tokens"], 5);
+        assert_eq!(b["stream"], true);
+        for bad in ["[1]", "{nope", "3"] {
+            let err = BenchArgs::from_flags(["--extra-body", bad]).unwrap_err();
+            assert!(err.to_string().contains("--extra-body"), "{err}");
+        }
     }
 }

@@ -288,9 +288,17 @@ impl Allowed {
     pub fn write_flags(&self, flags: &mut [u8]) {
         let covered = self.0.len().min(flags.len());
         let (head, tail) = flags.split_at_mut(covered);
-        for (chunk, word) in head.chunks_mut(32).zip(self.0.as_slice()) {
-            for (bit, f) in chunk.iter_mut().enumerate() {
-                *f = ((word >> bit) & 1) as u8;
+        for (chunk, &word) in head.chunks_mut(32).zip(self.0.as_slice()) {
+            if chunk.len() == 32 {
+                // Eight flags a table lookup (a 152k-token row was ~0.3 ms bit by bit).
+                for (k, eight) in chunk.chunks_exact_mut(8).enumerate() {
+                    let byte = (word >> (8 * k)) & 0xff;
+                    eight.copy_from_slice(&BYTE_FLAGS[byte as usize].to_le_bytes());
+                }
+            } else {
+                for (bit, f) in chunk.iter_mut().enumerate() {
+                    *f = ((word >> bit) & 1) as u8;
+                }
             }
         }
         tail.fill(0);
@@ -300,6 +308,21 @@ impl Allowed {
         (token as usize) < self.0.len() && self.0.is_allowed(token)
     }
 }
+
+/// Byte `b`'s eight bits as eight 0/1 bytes, bit 0 first (little-endian).
+const BYTE_FLAGS: [u64; 256] = {
+    let mut table = [0u64; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut bit = 0;
+        while bit < 8 {
+            table[b] |= (((b >> bit) & 1) as u64) << (8 * bit);
+            bit += 1;
+        }
+        b += 1;
+    }
+    table
+};
 
 fn decoding(e: impl std::fmt::Display) -> GrammarError {
     GrammarError::Decoding(e.to_string())

@@ -18,24 +18,31 @@ const ROWS_PER_THREAD: usize = 4;
 /// failure is written to the row's fault).
 pub(super) fn compute(rows: Vec<Constrained<'_>>) -> Vec<Option<Allowed>> {
     let constrained = rows.iter().filter(|r| r.is_some()).count();
-    let threads = workers().min(constrained / ROWS_PER_THREAD).max(1);
+    spread(rows, constrained, one)
+}
+
+/// `f` over `items`, in order, on several threads when `costly` of them (the constrained
+/// rows) are enough to share.
+fn spread<T: Send, R: Send>(items: Vec<T>, costly: usize, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let threads = workers().min(costly / ROWS_PER_THREAD).max(1);
     if threads == 1 {
-        return rows.into_iter().map(one).collect();
+        return items.into_iter().map(f).collect();
     }
-    let per_thread = rows.len().div_ceil(threads);
-    let mut rows = rows.into_iter();
-    let chunks: Vec<Vec<_>> = (0..threads)
-        .map(|_| rows.by_ref().take(per_thread).collect())
+    let per_thread = items.len().div_ceil(threads);
+    let mut items = items.into_iter();
+    let chunks: Vec<Vec<T>> = (0..threads)
+        .map(|_| items.by_ref().take(per_thread).collect())
         .collect();
+    let f = &f;
     std::thread::scope(|scope| {
         let handles: Vec<_> = chunks
             .into_iter()
-            .map(|chunk| scope.spawn(move || chunk.into_iter().map(one).collect::<Vec<_>>()))
+            .map(|chunk| scope.spawn(move || chunk.into_iter().map(f).collect::<Vec<_>>()))
             .collect();
         handles
             .into_iter()
             .flat_map(|h| match h.join() {
-                Ok(masks) => masks,
+                Ok(out) => out,
                 // llguidance does not panic on user input; were it to, resume the panic
                 // here rather than lose the rows' places.
                 Err(panic) => std::panic::resume_unwind(panic),
@@ -73,11 +80,13 @@ pub(super) fn upload(
     let limit = limit.clamp(1, logits.dim(1)?);
     let device = logits.device();
     let mut flags = vec![1u8; allowed.len() * limit];
-    for (row, a) in flags.chunks_mut(limit).zip(allowed) {
+    let constrained = allowed.iter().filter(|a| a.is_some()).count();
+    let rows: Vec<_> = flags.chunks_mut(limit).zip(allowed).collect();
+    spread(rows, constrained, |(row, a)| {
         if let Some(a) = a {
             a.write_flags(row);
         }
-    }
+    });
     Ok(Some(Tensor::from_vec(
         flags,
         (allowed.len(), limit),

@@ -93,10 +93,10 @@ fn one_batch(
     let mut next = 0;
     for &(ctx, q_len) in &shape {
         let nb = ctx.div_ceil(block_size);
-        tables.push(BlockTable {
-            blocks: ids[next..next + nb].to_vec(),
-            len: ctx,
-        });
+        let mut table = BlockTable::default();
+        table.blocks = ids[next..next + nb].to_vec();
+        table.len = ctx;
+        tables.push(table);
         next += nb;
         rows.push(RowSpan {
             start,
