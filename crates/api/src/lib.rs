@@ -293,6 +293,9 @@ pub struct TokenEvent {
     /// The router's score for this position when the method has one (e.g. R2R probability,
     /// normalised entropy); None otherwise.
     pub router_score: Option<f32>,
+    /// 1-based rank of `id` among the model's logits (prompt scores; None for written
+    /// tokens).
+    pub rank: Option<u32>,
 }
 
 /// What the engine streams back for one request.

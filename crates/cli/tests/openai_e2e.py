@@ -327,6 +327,17 @@ class Suite:
                     # The answer's token is the argmax of its own distribution (temperature 0).
                     top = lp.top_logprobs[-1]
                     check(max(top, key=top.get) == lp.tokens[-1], (top, lp.tokens[-1]))
+                # vLLM's prompt_logprobs (through extra_body): the same scores in its shape.
+                v = self.client.completions.create(model=model, prompt=[ctx + cont], max_tokens=1,
+                                                   temperature=0, extra_body={"prompt_logprobs": 2})
+                plp = v.choices[0].model_extra["prompt_logprobs"]
+                check(len(plp) == n and plp[0] is None, plp)
+                for i in range(1, n):
+                    own = plp[i][str((ctx + cont)[i])]
+                    check(abs(own["logprob"] - lp.token_logprobs[i]) < 1e-5, (own, lp.token_logprobs[i]))
+                    check(own["decoded_token"] == lp.tokens[i] and own["rank"] >= 1, own)
+                    ranks = sorted(e["rank"] for e in plp[i].values())
+                    check(ranks[:2] == [1, 2] and len(plp[i]) in (2, 3), plp[i])
         # With or without the generated token the prompt scores agree; the models differ.
         check(scored[0] == scored[1] and scored[2] == scored[3], scored)
         check(scored[0][1] != scored[2][1], scored)

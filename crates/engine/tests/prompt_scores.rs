@@ -92,6 +92,15 @@ async fn prompt_scores_are_the_models_log_softmax_and_leave_the_answer_alone() {
                     lp[s.id as usize]
                 );
                 assert_eq!(s.top_logprobs.len(), 3);
+                // vLLM's rank: one more than the count of more likely tokens (ties within
+                // the tolerance of the two computations aside).
+                let own = lp[s.id as usize];
+                let above = |eps: f32| lp.iter().filter(|&&x| x > own + eps).count() as u32;
+                let rank = s.rank.expect("a prompt score has a rank");
+                assert!(
+                    above(1e-4) < rank && rank <= above(-1e-4) + 1,
+                    "rank {rank}"
+                );
                 let best = lp.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 assert!((s.top_logprobs[0].1 - best).abs() < 1e-4);
                 assert!(s.top_logprobs.windows(2).all(|w| w[0].1 >= w[1].1));

@@ -146,6 +146,7 @@ mod tests {
             logprob: -0.5,
             top_logprobs: vec![],
             router_score: None,
+            rank: None,
         }
     }
 

@@ -22,6 +22,7 @@ mod generation;
 mod metrics;
 mod openai;
 mod params;
+mod prompt_logprobs;
 mod provenance;
 mod render;
 mod respond;

@@ -27,8 +27,11 @@ pub struct GenerationPlan {
     pub logprobs: Option<usize>,
     pub return_token_sources: bool,
     pub routing: RoutingOverrides,
-    /// Score the prompt with this many alternatives a token (`echo` with `logprobs`).
+    /// Score the prompt with this many alternatives a token (`echo` with `logprobs`,
+    /// `prompt_logprobs`).
     pub prompt_logprobs: Option<usize>,
+    /// Show the prompt's scores as vLLM's `prompt_logprobs`, this many alternatives a token.
+    pub shown_prompt_logprobs: Option<usize>,
     /// Read chat answers' tool calls of these tools as `tool_calls` (see `tools`).
     pub tool_names: Option<std::sync::Arc<[String]>>,
     /// Structured output, and the request field that asked for it.
@@ -85,9 +88,15 @@ impl GenerationPlan {
             return_token_sources: fields.return_token_sources.unwrap_or(false),
             routing,
             prompt_logprobs: None,
+            shown_prompt_logprobs: None,
             tool_names: None,
             constraint,
         })
+    }
+
+    /// Score the prompt with `k` alternatives a token (at least: `echo` may ask for more).
+    pub fn score_prompt(&mut self, k: usize) {
+        self.prompt_logprobs = self.prompt_logprobs.max(Some(k));
     }
 
     /// The engine requests for one prompt: `n` of them, the i-th seeded with `seed + i`.

@@ -9,8 +9,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use tokenrouter_api::TokenEvent;
 
-use crate::config::ServerConfig;
 use crate::error::ApiError;
+use crate::params::GenerationPlan;
+use crate::state::AppState;
 
 /// One candidate at one prompt position.
 #[derive(Debug, Serialize)]
@@ -21,40 +22,46 @@ struct Candidate {
     decoded_token: String,
 }
 
-/// The request's `prompt_logprobs`, checked: `None` when absent.
-pub fn requested(
+/// Checks the request's `prompt_logprobs` (`value`) and has `plan` score and show them.
+pub fn ask(
+    plan: &mut GenerationPlan,
     value: Option<i64>,
-    stream: bool,
-    pinned: bool,
-    models: impl FnOnce() -> Vec<String>,
-    cfg: &ServerConfig,
-) -> Result<Option<usize>, ApiError> {
-    let Some(k) = value else { return Ok(None) };
-    let max = cfg.max_top_logprobs;
-    if k < 0 || k as u64 > max as u64 {
+    state: &AppState,
+) -> Result<(), ApiError> {
+    let Some(k) = value else { return Ok(()) };
+    let max = state.config.max_top_logprobs;
+    let k = match usize::try_from(k) {
+        Ok(k) if k <= max => k,
+        _ => {
+            return Err(ApiError::invalid(
+                PARAM,
+                format!("`prompt_logprobs` must be between 0 and {max}, got {k}"),
+            ))
+        }
+    };
+    if plan.stream {
         return Err(ApiError::invalid(
-            "prompt_logprobs",
-            format!("`prompt_logprobs` must be between 0 and {max}, got {k}"),
-        ));
-    }
-    if stream {
-        return Err(ApiError::invalid(
-            "prompt_logprobs",
+            PARAM,
             "`prompt_logprobs` are not available when `stream` is true",
         ));
     }
-    if !pinned {
+    if plan.model.pinned.is_none() {
+        let names: Vec<String> = state.backend.models().into_iter().map(|m| m.name).collect();
         return Err(ApiError::invalid(
-            "prompt_logprobs",
+            PARAM,
             format!(
                 "`prompt_logprobs` scores the prompt with one model (a routed request's prompt \
                  is read by its entry model alone): set `model` to one of {}",
-                models().join(", ")
+                names.join(", ")
             ),
         ));
     }
-    Ok(Some(k as usize))
+    plan.score_prompt(k);
+    plan.shown_prompt_logprobs = Some(k);
+    Ok(())
 }
+
+const PARAM: &str = "prompt_logprobs";
 
 /// The response field for a prompt scored as `scores` (one entry per token after the
 /// first), `k` alternatives a position; `decode` gives a token's text.

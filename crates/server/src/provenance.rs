@@ -85,6 +85,7 @@ mod tests {
                     logprob: 0.0,
                     top_logprobs: vec![],
                     router_score: None,
+                    rank: None,
                 },
                 text_offset: 0,
             })

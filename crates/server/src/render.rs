@@ -15,7 +15,7 @@ use crate::echo::{Echo, EchoedPrompt};
 use crate::openai::response::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
     ChatLogprob, ChatLogprobs, ChoiceExtension, Completion, CompletionChoice, CompletionChunk,
-    LegacyLogprobs, Provenance, TokenDetail, TopLogprob, Usage,
+    LegacyLogprobs, PromptLogprobs, Provenance, TokenDetail, TopLogprob, Usage,
 };
 use crate::params::GenerationPlan;
 use crate::provenance::source_name;
@@ -34,7 +34,7 @@ pub struct ChoiceOutput {
     pub text: String,
     pub tokens: Vec<OutToken>,
     pub finish_reason: Option<&'static str>,
-    /// The prompt's scores, when `echo` with `logprobs` asked for them.
+    /// The prompt's scores, when `echo` with `logprobs` or `prompt_logprobs` asked for them.
     pub prompt_scores: Option<Vec<TokenEvent>>,
 }
 
@@ -48,6 +48,8 @@ pub struct ResponseContext {
     pub names: Vec<String>,
     backend: Arc<dyn Backend>,
     logprobs: Option<usize>,
+    /// vLLM's `prompt_logprobs`: shown with this many alternatives a token.
+    prompt_logprobs: Option<usize>,
     return_token_sources: bool,
     pub include_usage: bool,
     /// `echo` (completions only).
@@ -74,6 +76,7 @@ impl ResponseContext {
             names: backend.models().into_iter().map(|m| m.name).collect(),
             backend,
             logprobs: plan.logprobs,
+            prompt_logprobs: plan.shown_prompt_logprobs,
             return_token_sources: plan.return_token_sources,
             include_usage: plan.include_usage,
             echo: None,
@@ -195,6 +198,7 @@ impl ResponseContext {
             out.top_logprobs.push(score.filter(|_| k > 0).map(|s| {
                 s.top_logprobs
                     .iter()
+                    .take(k)
                     .map(|&(id, lp)| (self.token_text(id), lp))
                     .collect::<BTreeMap<_, _>>()
             }));
@@ -203,6 +207,15 @@ impl ResponseContext {
             out.sources.push(self.model.clone());
         }
         Some(out)
+    }
+
+    /// vLLM's `prompt_logprobs` of a choice's prompt, when asked.
+    fn vllm_prompt_logprobs(&self, out: &ChoiceOutput) -> Option<PromptLogprobs> {
+        let k = self.prompt_logprobs?;
+        let scores = out.prompt_scores.as_deref().unwrap_or_default();
+        Some(crate::prompt_logprobs::render(scores, k, |id| {
+            self.token_text(id)
+        }))
     }
 
     /// A completion choice's text and logprobs: the echoed prompt's, then the generated
@@ -237,6 +250,7 @@ impl ResponseContext {
             text: prompt.text.clone(),
             logprobs: self.prompt_logprobs(prompt, scores),
             finish_reason: None,
+            prompt_logprobs: None,
             ext: ChoiceExtension::default(),
         };
         serde_json::to_string(&self.completion_chunk(choice, None)).ok()
@@ -272,6 +286,8 @@ impl ResponseContext {
                 object: "chat.completion",
                 created: self.created,
                 model: self.model.clone(),
+                // One prompt, scored the same for every choice.
+                prompt_logprobs: outputs.first().and_then(|o| self.vllm_prompt_logprobs(o)),
                 choices: outputs
                     .into_iter()
                     .enumerate()
@@ -317,6 +333,7 @@ impl ResponseContext {
                             ext,
                             text,
                             finish_reason: out.finish_reason,
+                            prompt_logprobs: self.vllm_prompt_logprobs(&out),
                         }
                     })
                     .collect(),
@@ -380,6 +397,7 @@ impl ResponseContext {
                         self.echoed(index).map_or(0, |p| p.chars()),
                     ),
                     finish_reason: finish,
+                    prompt_logprobs: None,
                     ext: self.extension(&delta.tokens, &delta.text),
                 };
                 serde_json::to_string(&self.completion_chunk(choice, provenance))
@@ -466,6 +484,7 @@ mod tests {
                     logprob: 0.0,
                     top_logprobs: vec![],
                     router_score: None,
+                    rank: None,
                 },
                 text_offset,
             })

@@ -157,6 +157,7 @@ pub(crate) fn token_to_pb(rid: u64, pos: usize, t: &TokenEvent) -> pb::Token {
             .collect(),
         router_score: t.router_score,
         source: t.source as u32,
+        rank: t.rank,
     }
 }
 
@@ -167,6 +168,7 @@ pub(crate) fn token_from_pb(t: &pb::Token) -> TokenEvent {
         logprob: t.logprob,
         top_logprobs: t.top.iter().map(|x| (x.id, x.logprob)).collect(),
         router_score: t.router_score,
+        rank: t.rank,
     }
 }
 
@@ -212,6 +214,7 @@ mod tests {
             logprob: 0.0,
             top_logprobs: vec![],
             router_score: None,
+            rank: None,
         }
     }
 

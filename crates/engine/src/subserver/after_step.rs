@@ -94,6 +94,7 @@ impl SubServer {
                     logprob: s.logprob,
                     top_logprobs: s.top,
                     router_score: d.score,
+                    rank: None,
                 });
                 if let Some(fault) = req.fault.take() {
                     req.fail(fault);

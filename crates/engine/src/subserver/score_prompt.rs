@@ -95,12 +95,18 @@ fn score_token(
 ) -> TokenEvent {
     let raw = &logits[..limit.min(logits.len())];
     let (logprob, top_logprobs) = logprob_and_top(raw, log_sum_exp(raw), id, top);
+    // vLLM's rank: one more than the count of more likely tokens.
+    let rank = raw.get(id as usize).map(|&l| {
+        let above = raw.iter().filter(|&&x| x > l).count();
+        u32::try_from(above + 1).unwrap_or(u32::MAX)
+    });
     TokenEvent {
         id,
         source,
         logprob,
         top_logprobs,
         router_score: None,
+        rank,
     }
 }
 
@@ -119,7 +125,12 @@ mod tests {
         assert_eq!(t.top_logprobs[0].0, 1);
         assert!((t.top_logprobs[0].1 - 0.75f32.ln()).abs() < 1e-6);
         assert_eq!((t.source, t.router_score), (1, None));
-        // A token beyond the limit has no probability.
-        assert_eq!(score_token(&logits, 2, 2, 0, 0).logprob, f32::NEG_INFINITY);
+        // Its rank counts the more likely tokens within the limit (token 2 is past it).
+        assert_eq!(t.rank, Some(2));
+        assert_eq!(score_token(&logits, 2, 1, 0, 0).rank, Some(1));
+        assert_eq!(score_token(&logits, 3, 1, 0, 0).rank, Some(2));
+        // A token beyond the limit has no probability, and no rank.
+        let past = score_token(&logits, 2, 2, 0, 0);
+        assert_eq!((past.logprob, past.rank), (f32::NEG_INFINITY, None));
     }
 }

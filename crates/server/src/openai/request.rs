@@ -38,6 +38,8 @@ pub struct CommonFields {
     pub guided_grammar: Option<String>,
     /// vLLM's newer spelling: `{"json" | "regex" | "choice" | "grammar" | "json_object"}`.
     pub structured_outputs: Option<Value>,
+    /// vLLM's extension: score the prompt with this many alternatives a token.
+    pub prompt_logprobs: Option<i64>,
     /// Extension: report which model wrote each token.
     pub return_token_sources: Option<bool>,
     /// Extension: per-request overrides of the routing method's kwargs

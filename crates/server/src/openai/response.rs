@@ -64,8 +64,14 @@ pub struct ChatCompletion {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// vLLM's, when asked: the prompt's scores (see `prompt_logprobs.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
     pub tokenrouter: Provenance,
 }
+
+/// vLLM's `prompt_logprobs`: per prompt position (the first `null`), token id → candidate.
+pub type PromptLogprobs = Vec<Option<serde_json::Map<String, serde_json::Value>>>;
 
 #[derive(Debug, Serialize)]
 pub struct ChatChoice {
@@ -163,6 +169,9 @@ pub struct CompletionChoice {
     pub text: String,
     pub logprobs: Option<LegacyLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// vLLM's, when asked (see `prompt_logprobs.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
     #[serde(flatten)]
     pub ext: ChoiceExtension,
 }

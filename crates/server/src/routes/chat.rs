@@ -13,6 +13,7 @@ use crate::error::ApiError;
 use crate::extract::{parse_value, ApiJson};
 use crate::openai::request::{ChatFields, CommonFields, MessageContent, RequestMessage};
 use crate::params::{chat_logprobs, GenerationPlan};
+use crate::prompt_logprobs;
 use crate::render::Kind;
 use crate::respond::respond;
 use crate::state::AppState;
@@ -33,7 +34,9 @@ pub async fn chat_completions(
         (None, None) => None,
     };
     let logprobs = chat_logprobs(chat.logprobs, chat.top_logprobs, &state.config)?;
+    let shown_prompt_logprobs = common.prompt_logprobs;
     let mut plan = GenerationPlan::new(common, model, max_tokens, logprobs, &state.config)?;
+    prompt_logprobs::ask(&mut plan, shown_prompt_logprobs, &state)?;
     let tool_use = ToolUse::new(
         chat.tools,
         chat.tool_choice.as_ref(),

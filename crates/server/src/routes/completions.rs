@@ -13,6 +13,7 @@ use crate::error::ApiError;
 use crate::extract::{parse_value, ApiJson};
 use crate::openai::request::{CommonFields, CompletionFields, PromptField};
 use crate::params::{completion_logprobs, GenerationPlan};
+use crate::prompt_logprobs;
 use crate::render::Kind;
 use crate::respond::respond;
 use crate::state::AppState;
@@ -47,10 +48,12 @@ pub async fn completions(
             ),
         ));
     }
+    let shown_prompt_logprobs = common.prompt_logprobs;
     let mut plan = GenerationPlan::new(common, model, max_tokens, logprobs, &state.config)?;
-    if echo {
-        plan.prompt_logprobs = logprobs;
+    if let (true, Some(k)) = (echo, logprobs) {
+        plan.score_prompt(k);
     }
+    prompt_logprobs::ask(&mut plan, shown_prompt_logprobs, &state)?;
     let context = plan.model.context_length;
     // Each prompt's ids, and its text when it came as text (what `echo` shows).
     let prompts: Vec<(Vec<u32>, Option<String>)> = match fields.prompt {

@@ -1,6 +1,7 @@
 //! `echo` on `/v1/completions`: the prompt before the completion, its tokens' scores with
 //! `logprobs` (the first `null`), `max_tokens: 0` for the prompt alone, streamed as a first
-//! chunk; scoring a prompt needs a pinned model.
+//! chunk; scoring a prompt needs a pinned model. vLLM's `prompt_logprobs` shows the same
+//! scores in its own shape.
 
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -134,4 +135,94 @@ async fn a_streamed_echo_shows_the_prompt_first() {
             if max_tokens == 0 { 0 } else { 6 }
         );
     }
+}
+
+/// vLLM's `prompt_logprobs`: per prompt position (the first `null`) a map from token id to
+/// `{logprob, rank, decoded_token}`, the prompt's token and the top k; on each completion
+/// choice, and once at the top of a chat response.
+#[tokio::test]
+async fn prompt_logprobs_score_the_prompt_as_vllm_shows_them() {
+    let m = mock();
+    let body = json!({"model": "quick", "prompt": "abc", "prompt_logprobs": 2, "max_tokens": 2});
+    let (status, resp) = post_json(app(&m), "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    assert_eq!(m.log().submitted[0].prompt_logprobs, Some(2));
+    let choice = &resp["choices"][0];
+    // Not echoed: the text is the completion's alone, and no legacy logprobs were asked.
+    assert_eq!(choice["text"], "He");
+    assert_eq!(choice["logprobs"], Value::Null);
+    let plp = choice["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(plp.len(), 3);
+    assert_eq!(plp[0], Value::Null);
+    // The mock scores "b" (98) first among its alternatives 98, 99.
+    let b = plp[1].as_object().unwrap();
+    assert_eq!(b.len(), 2, "{b:?}");
+    assert!(approx(&b["98"]["logprob"], prompt_logprob_of(0)));
+    assert_eq!(b["98"]["rank"], 1);
+    assert_eq!(b["98"]["decoded_token"], "b");
+    assert_eq!(b["99"]["rank"], 2);
+    assert_eq!(b["99"]["decoded_token"], "c");
+
+    // With echo and logprobs: both shapes, each with its own count of alternatives.
+    let body = json!({"model": "quick", "prompt": "abc", "echo": true, "logprobs": 1,
+                      "prompt_logprobs": 3, "max_tokens": 1});
+    let (status, resp) = post_json(app(&m), "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    assert_eq!(m.log().submitted[1].prompt_logprobs, Some(3));
+    let choice = &resp["choices"][0];
+    assert_eq!(
+        choice["logprobs"]["top_logprobs"][1]
+            .as_object()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(choice["prompt_logprobs"][1].as_object().unwrap().len(), 3);
+
+    // Chat: once, beside the choices; 0 alternatives = the prompt's tokens alone.
+    let body = json!({"model": "reference", "messages": [{"role": "user", "content": "hi"}],
+                      "prompt_logprobs": 0, "max_tokens": 1, "n": 2});
+    let (status, resp) = post_json(app(&m), "/v1/chat/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    let plp = resp["prompt_logprobs"].as_array().unwrap();
+    assert!(plp.len() > 2 && plp[0].is_null());
+    assert!(plp[1..].iter().all(|p| p.as_object().unwrap().len() == 1));
+    assert!(resp["choices"][0].get("prompt_logprobs").is_none());
+
+    // Absent unless asked.
+    let body = json!({"model": "quick", "prompt": "abc", "max_tokens": 1});
+    let (_, resp) = post_json(app(&m), "/v1/completions", body).await;
+    assert!(resp["choices"][0].get("prompt_logprobs").is_none());
+    assert!(resp.get("prompt_logprobs").is_none());
+}
+
+#[tokio::test]
+async fn prompt_logprobs_are_refused_where_vllm_refuses_them() {
+    let m = mock();
+    for (body, says) in [
+        (
+            json!({"model": "quick", "prompt": "a", "prompt_logprobs": -1}),
+            "between 0 and",
+        ),
+        (
+            json!({"model": "quick", "prompt": "a", "prompt_logprobs": 1000}),
+            "between 0 and",
+        ),
+        (
+            json!({"model": "quick", "prompt": "a", "prompt_logprobs": 1, "stream": true}),
+            "stream",
+        ),
+        // A routed request: whose scores would they be?
+        (
+            json!({"prompt": "a", "prompt_logprobs": 1}),
+            "quick, reference",
+        ),
+    ] {
+        let (status, resp) = post_json(app(&m), "/v1/completions", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {resp}");
+        assert_eq!(resp["error"]["param"], "prompt_logprobs", "{resp}");
+        let message = resp["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    assert!(m.log().submitted.is_empty());
 }

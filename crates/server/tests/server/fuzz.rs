@@ -109,6 +109,7 @@ const FIELDS: &[&str] = &[
     "chat_template_kwargs",
     "tools",
     "echo",
+    "prompt_logprobs",
     "suffix",
     "response_format",
     "tool_choice",

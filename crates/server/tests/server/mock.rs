@@ -338,6 +338,8 @@ async fn generate(
                     .map(|j| ((id + j) % 256, -(j as f32)))
                     .collect(),
                 router_score: None,
+                // The prompt's token heads its alternatives.
+                rank: Some(1),
             })
             .collect();
         if tx.send(GenerateEvent::Prompt(scores)).is_err() {
@@ -367,6 +369,7 @@ async fn generate(
                 .map(|k| ((id + k) % 256, logprob_of(i) - k as f32))
                 .collect(),
             router_score: request.pinned_model.is_none().then_some(0.5),
+            rank: None,
         };
         if tx.send(GenerateEvent::Token(token)).is_err() {
             return Outcome::Aborted;
