@@ -96,6 +96,12 @@ struct ServeArgs {
     /// text as written).
     #[arg(long, default_value = "hermes")]
     tool_call_parser: tokenrouter_server::ToolCallParser,
+    /// How reasoning models' thinking is told from their answer in chat responses:
+    /// `qwen3` (thinking when the answer opens with `<think>`), `deepseek_r1` (thinking
+    /// until `</think>`) or `none` (the text as written). The thinking is sent as
+    /// `reasoning_content` and `reasoning`.
+    #[arg(long, default_value = "none")]
+    reasoning_parser: tokenrouter_server::ReasoningParser,
 }
 
 #[derive(clap::Args)]
@@ -259,6 +265,7 @@ fn serve(a: ServeArgs) -> Result<()> {
                 .unwrap_or(defaults.served_model_name.clone()),
             served_model_aliases: system.served_model_aliases.clone(),
             tool_call_parser: a.tool_call_parser,
+            reasoning_parser: a.reasoning_parser,
             ..defaults
         };
         let backend: Arc<dyn tokenrouter_api::Backend> = Arc::new(engine.clone());

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 pub use crate::cors::CorsPolicy;
+pub use crate::reasoning::ReasoningParser;
 pub use crate::tools::ToolCallParser;
 
 /// Name under which the token-routed (not pinned) model is served, listed first by
@@ -36,6 +37,8 @@ pub struct ServerConfig {
     pub cors: CorsPolicy,
     /// How tool calls are read out of chat answers to requests with `tools`.
     pub tool_call_parser: ToolCallParser,
+    /// How reasoning models' thinking is told from their answer.
+    pub reasoning_parser: ReasoningParser,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +54,7 @@ impl Default for ServerConfig {
             max_prompt_bytes_per_token: 64,
             cors: CorsPolicy::Off,
             tool_call_parser: ToolCallParser::Hermes,
+            reasoning_parser: ReasoningParser::None,
         }
     }
 }

@@ -24,6 +24,7 @@ mod openai;
 mod params;
 mod prompt_logprobs;
 mod provenance;
+mod reasoning;
 mod render;
 mod respond;
 mod routes;
@@ -36,7 +37,9 @@ mod web;
 
 use std::sync::Arc;
 
-pub use config::{CorsPolicy, ServerConfig, ToolCallParser, DEFAULT_SERVED_MODEL_NAME};
+pub use config::{
+    CorsPolicy, ReasoningParser, ServerConfig, ToolCallParser, DEFAULT_SERVED_MODEL_NAME,
+};
 pub use error::{ApiError, ServerError};
 pub use shutdown::serve;
 pub use tokenrouter_api::Backend;

@@ -32,6 +32,8 @@ pub struct GenerationPlan {
     pub prompt_logprobs: Option<usize>,
     /// Show the prompt's scores as vLLM's `prompt_logprobs`, this many alternatives a token.
     pub shown_prompt_logprobs: Option<usize>,
+    /// Read chat answers' thinking apart from their content (see `reasoning`).
+    pub reasoning: Option<crate::reasoning::ReasoningStart>,
     /// Read chat answers' tool calls of these tools as `tool_calls` (see `tools`).
     pub tool_names: Option<std::sync::Arc<[String]>>,
     /// Structured output, and the request field that asked for it.
@@ -89,6 +91,7 @@ impl GenerationPlan {
             routing,
             prompt_logprobs: None,
             shown_prompt_logprobs: None,
+            reasoning: None,
             tool_names: None,
             constraint,
         })

@@ -19,6 +19,7 @@ use crate::openai::response::{
 };
 use crate::params::GenerationPlan;
 use crate::provenance::source_name;
+use crate::reasoning::{self, ReasoningStart};
 use crate::tools::{read_whole, Shown};
 
 /// Which OpenAI endpoint shape to produce.
@@ -56,6 +57,8 @@ pub struct ResponseContext {
     echo: Option<Echo>,
     /// Chat answers' calls of these tools become `tool_calls`.
     pub tool_names: Option<Arc<[String]>>,
+    /// Chat answers' thinking is read apart from their content.
+    pub reasoning: Option<ReasoningStart>,
 }
 
 impl ResponseContext {
@@ -81,6 +84,7 @@ impl ResponseContext {
             include_usage: plan.include_usage,
             echo: None,
             tool_names: plan.tool_names.clone().filter(|_| kind == Kind::Chat),
+            reasoning: plan.reasoning.filter(|_| kind == Kind::Chat),
         }
     }
 
@@ -292,10 +296,16 @@ impl ResponseContext {
                     .into_iter()
                     .enumerate()
                     .map(|(index, out)| {
-                        let (content, tool_calls) = match &self.tool_names {
-                            Some(names) => read_whole(&out.text, names.clone()),
-                            None => (Some(out.text.clone()), Vec::new()),
+                        let (reasoning, text) = match self.reasoning {
+                            Some(start) => reasoning::read_whole(start, &out.text),
+                            None => (None, out.text.clone()),
                         };
+                        let (content, tool_calls) = match &self.tool_names {
+                            Some(names) => read_whole(&text, names.clone()),
+                            None => (Some(text), Vec::new()),
+                        };
+                        // Thinking alone (cut by `max_tokens`): no answer yet.
+                        let content = content.filter(|c| reasoning.is_none() || !c.is_empty());
                         ChatChoice {
                             index,
                             logprobs: self.chat_logprobs(&out.tokens),
@@ -304,6 +314,8 @@ impl ResponseContext {
                             message: AssistantMessage {
                                 role: "assistant",
                                 content,
+                                reasoning_content: reasoning.clone(),
+                                reasoning,
                                 tool_calls,
                             },
                         }
@@ -363,11 +375,13 @@ impl ResponseContext {
                 let Shown {
                     content: text,
                     calls,
+                    reasoning,
                 } = shown.unwrap_or_else(|| Shown {
                     content: delta.text.clone(),
-                    calls: Vec::new(),
+                    ..Shown::default()
                 });
                 let content = (!text.is_empty() || first).then_some(text);
+                let reasoning = (!reasoning.is_empty()).then_some(reasoning);
                 serde_json::to_string(&ChatChunk {
                     id: self.id.clone(),
                     object: "chat.completion.chunk",
@@ -378,6 +392,8 @@ impl ResponseContext {
                         delta: ChatDelta {
                             role: first.then_some("assistant"),
                             content,
+                            reasoning_content: reasoning.clone(),
+                            reasoning,
                             tool_calls: calls,
                         },
                         logprobs: self.chat_logprobs(&delta.tokens),

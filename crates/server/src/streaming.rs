@@ -16,8 +16,9 @@ use tokenrouter_api::TokenEvent;
 use crate::generation::{ChoiceUpdate, Generation};
 use crate::openai::response::Usage;
 use crate::provenance::ProvenanceCounter;
+use crate::reasoning::ReasoningReader;
 use crate::render::{tool_finish, ResponseContext};
-use crate::tools::ToolCallReader;
+use crate::tools::{Shown, ToolCallReader};
 
 pub fn sse_response(ctx: ResponseContext, generation: Generation) -> Response {
     let provenance = ProvenanceCounter::new(ctx.names.clone());
@@ -26,6 +27,9 @@ pub fn sse_response(ctx: ResponseContext, generation: Generation) -> Response {
         echoed: vec![false; generation.num_choices],
         tool_readers: (0..generation.num_choices)
             .map(|_| ToolCallReader::new(ctx.tool_names.clone().unwrap_or_default()))
+            .collect(),
+        reasoning_readers: (0..generation.num_choices)
+            .map(|_| ctx.reasoning.map(ReasoningReader::new))
             .collect(),
         finished: 0,
         done: false,
@@ -54,6 +58,8 @@ struct SseState {
     echoed: Vec<bool>,
     /// Each choice's tool calls, read as its text arrives (when the request reads them).
     tool_readers: Vec<ToolCallReader>,
+    /// Each choice's thinking, read apart from its content first (`--reasoning-parser`).
+    reasoning_readers: Vec<Option<ReasoningReader>>,
     finished: usize,
     done: bool,
 }
@@ -116,10 +122,28 @@ impl SseState {
                 provenance = Some(self.provenance.snapshot());
             }
         }
-        let (shown, reason) = match self.tool_readers.get_mut(index) {
-            Some(reader) if self.ctx.tool_names.is_some() => {
-                let shown = reader.push(&delta.text, reason.is_some());
+        let last = reason.is_some();
+        let split = match self.reasoning_readers.get_mut(index) {
+            Some(Some(reader)) => Some(reader.push(&delta.text, last)),
+            _ => None,
+        };
+        let (shown, reason) = match (self.tool_readers.get_mut(index), split) {
+            (Some(reader), split) if self.ctx.tool_names.is_some() => {
+                let (content, reasoning) = match split {
+                    Some(s) => (s.content, s.reasoning),
+                    None => (delta.text.clone(), String::new()),
+                };
+                let mut shown = reader.push(&content, last);
+                shown.reasoning = reasoning;
                 (Some(shown), tool_finish(reason, reader.called()))
+            }
+            (_, Some(s)) => {
+                let shown = Shown {
+                    content: s.content,
+                    reasoning: s.reasoning,
+                    ..Shown::default()
+                };
+                (Some(shown), reason)
             }
             _ => (None, reason),
         };

@@ -96,6 +96,9 @@ pub struct RequestMessage {
     /// A tool message's call id.
     pub tool_call_id: Option<String>,
     pub name: Option<String>,
+    /// An assistant's earlier thinking, under either name clients send it.
+    pub reasoning_content: Option<String>,
+    pub reasoning: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -14,6 +14,7 @@ use crate::extract::{parse_value, ApiJson};
 use crate::openai::request::{ChatFields, CommonFields, MessageContent, RequestMessage};
 use crate::params::{chat_logprobs, GenerationPlan};
 use crate::prompt_logprobs;
+use crate::reasoning::ReasoningStart;
 use crate::render::Kind;
 use crate::respond::respond;
 use crate::state::AppState;
@@ -72,7 +73,7 @@ pub async fn chat_completions(
     let add_generation_prompt = chat.add_generation_prompt.unwrap_or(true);
     // Template and tokenizer run on the blocking pool: a large conversation never stalls
     // the executor that answers `/health` and the other clients.
-    let ids = tokio::task::spawn_blocking(move || {
+    let (ids, reasoning) = tokio::task::spawn_blocking(move || {
         let prompt = render_messages(
             &blocking_state,
             &messages,
@@ -80,13 +81,13 @@ pub async fn chat_completions(
             kwargs,
             tools,
         )?;
-        blocking_state
-            .backend
-            .encode(&prompt)
-            .map_err(ApiError::from)
+        let reasoning = ReasoningStart::new(blocking_state.config.reasoning_parser, &prompt);
+        let ids = blocking_state.backend.encode(&prompt)?;
+        Ok::<_, ApiError>((ids, reasoning))
     })
     .await
     .map_err(|e| ApiError::Engine(format!("tokenizer task: {e}")))??;
+    plan.reasoning = reasoning;
     respond(&state, plan, Kind::Chat, vec![ids], arrival, None).await
 }
 
@@ -190,6 +191,7 @@ pub(crate) fn to_chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMe
                 tool_calls,
                 tool_call_id: m.tool_call_id.clone(),
                 name: m.name.clone(),
+                reasoning_content: m.reasoning_content.clone().or_else(|| m.reasoning.clone()),
                 ..ChatMessage::new(m.role.clone(), content)
             })
         })

@@ -26,11 +26,13 @@ pub struct FunctionCall {
     pub arguments: String,
 }
 
-/// What a piece of generated text shows: content, and calls completed by it.
+/// What a piece of generated text shows: content, calls completed by it, and thinking
+/// (set by the reasoning reader that runs before this one).
 #[derive(Debug, Default, PartialEq)]
 pub struct Shown {
     pub content: String,
     pub calls: Vec<ToolCall>,
+    pub reasoning: String,
 }
 
 /// Reads one choice's text as it arrives. Text before the first `<tool_call>` is content
@@ -93,8 +95,8 @@ impl ToolCallReader {
             if let Some(function) = parse_call(&held).filter(|f| self.names.contains(&f.name)) {
                 let call = self.call(function);
                 return Shown {
-                    content: String::new(),
                     calls: vec![call],
+                    ..Shown::default()
                 };
             }
         }

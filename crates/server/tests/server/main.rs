@@ -9,6 +9,7 @@ mod errors;
 mod fuzz;
 mod mock;
 mod openai_client;
+mod reasoning;
 mod shutdown;
 mod streaming;
 mod structured;
