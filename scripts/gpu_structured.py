@@ -12,7 +12,7 @@ Usage: python3 scripts/gpu_structured.py --bin BIN [--concurrency 1 16 64] [--ou
 import argparse, json, os, re, signal, subprocess, sys, tempfile, time, urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_routing import wait_ready, step_stats  # noqa: E402
+from gpu_routing import get, wait_ready, step_stats  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = {
@@ -34,6 +34,15 @@ CONSTRAINTS = {
     "regex": {"guided_regex": REGEX},
 }
 MODES = {"device": "1", "host": "0"}
+
+
+def mask_stats(port):
+    """Cumulative (steps with masks, seconds on masks) of the quick model from /metrics."""
+    text = get(port, "/metrics")
+    def val(name):
+        m = re.search(r"^tokenrouter:token_mask_seconds_" + name + r'\{model="quick"\} ([0-9.eE+-]+)$', text, re.M)
+        return float(m.group(1)) if m else 0.0
+    return val("count"), val("sum")
 
 
 def post(port, path, body, timeout=120):
@@ -100,16 +109,18 @@ def main():
                            "--dataset", "code", "--out-dir", dc, "--no-progress", "--quiet"]
                     if extra:
                         cmd += ["--extra-body", json.dumps(extra)]
-                    before = step_stats(args.port)["quick"]
+                    before, masks_before = step_stats(args.port)["quick"], mask_stats(args.port)
                     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=300)
-                    after = step_stats(args.port)["quick"]
+                    after, masks_after = step_stats(args.port)["quick"], mask_stats(args.port)
                     n, sec, batch = (a - b for a, b in zip(after, before))
+                    mn, msec = (a - b for a, b in zip(masks_after, masks_before))
                     s = json.load(open(os.path.join(dc, "summary.json")))
                     rows.append(dict(mode=mode, constraint=name, concurrency=c, tok_s=s["output_throughput"],
                                      completed=s["completed"], failed=s["failed"],
                                      tokens=s["total_output_tokens"],
                                      step_ms=round(1e3 * sec / n, 3) if n else None,
-                                     mean_batch=round(batch / n, 1) if n else None))
+                                     mean_batch=round(batch / n, 1) if n else None,
+                                     mask_ms=round(1e3 * msec / mn, 3) if mn else None))
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         except Exception as e:
             print(f"{mode}: FAILED {e}", file=sys.stderr, flush=True)
@@ -126,8 +137,8 @@ def main():
     if len(answers) == 2:
         same = all(answers["device"][k]["text"] == answers["host"][k]["text"] for k in ("schema", "regex"))
         print(f"CHECK device and host masks give the same greedy answers: {same}")
-    print("| constraint | c | device tok/s | host tok/s | device / host | device step ms | host step ms | mean batch | tokens |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| constraint | c | device tok/s | host tok/s | device / host | device step ms | host step ms | masks ms a step (device / host) | mean batch | tokens |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     by = {(r["mode"], r["constraint"], r["concurrency"]): r for r in rows}
     for c in args.concurrency:
         for name in CONSTRAINTS:
@@ -135,7 +146,8 @@ def main():
             if not dv or not hs:
                 continue
             print(f"| {name} | {c} | {dv['tok_s']:.0f} | {hs['tok_s']:.0f} | {dv['tok_s'] / hs['tok_s']:.2f}x | "
-                  f"{dv['step_ms']} | {hs['step_ms']} | {dv['mean_batch']} | {dv['tokens']} / {hs['tokens']} |")
+                  f"{dv['step_ms']} | {hs['step_ms']} | {dv['mask_ms']} / {hs['mask_ms']} | {dv['mean_batch']} | "
+                  f"{dv['tokens']} / {hs['tokens']} |")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ pub struct EngineMetrics {
     pub handoff_bytes: HistogramVec,
     pub remote_reconnects: IntCounterVec,
     pub remote_resends: IntCounterVec,
+    pub token_masks: HistogramVec,
 }
 
 /// Loopback hops take tens of microseconds: finer buckets than the step latencies'.
@@ -54,6 +55,7 @@ impl EngineMetrics {
         self.handoff_latency.reset();
         self.handoff_transport.reset();
         self.handoff_bytes.reset();
+        self.token_masks.reset();
     }
 
     pub fn new() -> prometheus::Result<Self> {
@@ -182,6 +184,16 @@ impl EngineMetrics {
             ),
             &["model"],
         )?;
+        let token_masks = HistogramVec::new(
+            HistogramOpts::new(
+                m("token_mask_seconds"),
+                "Time a step spends on its constrained rows' token masks (structured output; \
+                 on a GPU while the step runs)",
+            )
+            .buckets(buckets_transport()),
+            &["model"],
+        )?;
+        registry.register(Box::new(token_masks.clone()))?;
         registry.register(Box::new(handoff_transport.clone()))?;
         registry.register(Box::new(handoff_bytes.clone()))?;
         registry.register(Box::new(remote_reconnects.clone()))?;
@@ -222,6 +234,7 @@ impl EngineMetrics {
             handoff_bytes,
             remote_reconnects,
             remote_resends,
+            token_masks,
         })
     }
 

@@ -160,6 +160,20 @@ async fn a_batch_of_constraints_keeps_each_row_to_its_own() {
         );
         assert_eq!(reason, FinishReason::Stop);
     }
+    // Steps with masks are timed, per model.
+    let metrics = e.metrics_text();
+    let count = |model: &str| {
+        let key = format!("tokenrouter:token_mask_seconds_count{{model=\"{model}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        count("quick") > 0.0 && count("reference") > 0.0,
+        "{metrics}"
+    );
     assert_all_free(&e, Duration::from_secs(5));
 }
 

@@ -83,7 +83,15 @@ impl SubServer {
         };
         let output = self.runner.step(rows, opts)?;
         // A GPU runs the step while the host works out the constrained rows' token masks.
+        let masking = std::time::Instant::now();
         let allowed = self.allowed_tokens();
+        if allowed.iter().any(Option::is_some) {
+            self.shared
+                .metrics
+                .token_masks
+                .with_label_values(&[self.name()])
+                .observe(masking.elapsed().as_secs_f64());
+        }
         let entropy = if want_entropy {
             Some(output.entropy_rows(limit)?)
         } else {
