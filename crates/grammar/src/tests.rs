@@ -53,14 +53,15 @@ fn decode_favouring(constraint: &OutputConstraint, seed: u64, favoured: &str) ->
             logits[f as usize] += 1.0;
         }
         let allowed = grammar.allowed().unwrap();
-        let mut flags = vec![7u8; logits.len()];
-        allowed.write_flags(&mut flags);
+        let mut bits = vec![0xA5u8; logits.len().div_ceil(8)];
+        allowed.write_bits(&mut bits);
         allowed.apply(&mut logits);
         assert!(logits[VOCAB..].iter().all(|x| *x == f32::NEG_INFINITY));
-        // The device's form of the mask (flags) allows exactly what the host's leaves finite.
-        for (i, (&f, x)) in flags.iter().zip(&logits).enumerate() {
-            assert_eq!(f == 1, x.is_finite(), "token {i}");
-            assert_eq!(f == 1, allowed.is_allowed(i as u32), "token {i}");
+        // The device's form of the mask (bits) allows exactly what the host's leaves finite.
+        for (i, x) in logits.iter().enumerate() {
+            let bit = bits[i / 8] >> (i % 8) & 1 == 1;
+            assert_eq!(bit, x.is_finite(), "token {i}");
+            assert_eq!(bit, allowed.is_allowed(i as u32), "token {i}");
         }
         let (token, best) = logits
             .iter()
@@ -236,21 +237,21 @@ fn token_table_cost_on_the_real_vocabulary() {
     let t = std::time::Instant::now();
     grammar.mask(&mut logits).unwrap();
     let in_string = t.elapsed();
-    // Its parts: the allowed set, applied to host logits, written as device flags.
+    // Its parts: the allowed set, applied to host logits, written as device bits.
     let t = std::time::Instant::now();
     let allowed = grammar.allowed().unwrap();
     let computed = t.elapsed();
     let t = std::time::Instant::now();
     allowed.apply(&mut logits);
     let applied = t.elapsed();
-    let mut flags = vec![0u8; text.vocab_len()];
+    let mut bits = vec![0u8; text.vocab_len().div_ceil(8)];
     let t = std::time::Instant::now();
-    allowed.write_flags(&mut flags);
+    allowed.write_bits(&mut bits);
     let flagged = t.elapsed();
     println!(
         "token table: {:.2} s, {:.1} MB resident; a schema compiled in {:.2} ms; first mask \
          {:.2} ms; in a string {:.2} ms ({} allowed): the set {:.3} ms, applied {:.3} ms, \
-         as flags {:.3} ms",
+         as bits {:.3} ms",
         built.as_secs_f64(),
         after - before,
         compiled.as_secs_f64() * 1e3,
@@ -262,7 +263,7 @@ fn token_table_cost_on_the_real_vocabulary() {
         flagged.as_secs_f64() * 1e3,
     );
     assert_eq!(
-        flags.iter().filter(|&&f| f == 1).count(),
+        bits.iter().map(|b| b.count_ones() as usize).sum::<usize>(),
         logits.iter().filter(|x| x.is_finite()).count()
     );
 }

@@ -160,6 +160,31 @@ impl StepOutput {
     }
 }
 
+/// Token masks uploaded as bits (u8 `[rows, ceil(width / 8)]`, id `i` bit `i % 8` of byte
+/// `i / 8`) unpacked where they are into the flags `StepOutput::greedy_rows_allowed` takes
+/// (u8 `[rows, width]`): a GPU gets an eighth of the bytes, and unpacks them in a few
+/// element-wise passes.
+pub fn unpack_bits(bits: &Tensor, width: usize) -> Result<Tensor> {
+    let (rows, bytes) = bits.dims2()?;
+    if bytes * 8 < width {
+        return Err(RuntimeError::InvalidStep(format!(
+            "{bytes} bytes of mask bits for {width} ids"
+        )));
+    }
+    let device = bits.device();
+    let bytes_f = bits.to_dtype(candle_core::DType::F32)?.unsqueeze(2)?;
+    let weights: Vec<f32> = (0..8).map(|b| (1u32 << b) as f32).collect();
+    let weights = Tensor::from_vec(weights, (1, 1, 8), device)?;
+    // Bit b of x is floor(x / 2^b) mod 2 (exact in f32 for bytes).
+    let shifted = bytes_f.broadcast_div(&weights)?.floor()?;
+    let halves = (&shifted / 2.0)?.floor()?;
+    let bit = (shifted - (halves * 2.0)?)?;
+    Ok(bit
+        .reshape((rows, bytes * 8))?
+        .narrow(1, 0, width)?
+        .ge(0.5)?)
+}
+
 /// Rows of up to this many logits are sorted whole by `top_logits_rows`.
 const TOP_DIRECT_MAX: usize = 4096;
 /// Chunk size of `top_logits_rows`' first pass.

@@ -199,6 +199,26 @@ fn masked_greedy_rows_pick_the_best_allowed_id() {
     );
 }
 
+/// Mask bits (id i: bit i % 8 of byte i / 8) unpack to one flag an id, cut to the width.
+#[test]
+fn mask_bits_unpack_to_flags() {
+    use candle_core::{Device, Tensor};
+    use tokenrouter_runtime::runner::unpack_bits;
+    let (rows, width) = (3usize, 21usize);
+    let bytes: Vec<u8> = (0..rows * 3)
+        .map(|i| (i as u8).wrapping_mul(97) ^ 0x5A)
+        .collect();
+    let t = Tensor::from_vec(bytes.clone(), (rows, 3), &Device::Cpu).unwrap();
+    let flags = unpack_bits(&t, width).unwrap().to_vec2::<u8>().unwrap();
+    for (r, row) in flags.iter().enumerate() {
+        assert_eq!(row.len(), width);
+        for (i, &f) in row.iter().enumerate() {
+            assert_eq!(f, bytes[r * 3 + i / 8] >> (i % 8) & 1, "row {r} id {i}");
+        }
+    }
+    assert!(unpack_bits(&t, 25).is_err(), "fewer bits than ids");
+}
+
 /// The step's normalised entropy (computed where the logits are) equals the host's
 /// definition over the same first `limit` logits.
 #[test]

@@ -67,8 +67,9 @@ fn workers() -> usize {
     *WORKERS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// The masks as u8 flags `[rows, limit]` where `logits` are (a free row allows every id;
-/// `limit` as `greedy_rows_allowed` clamps it), or `None` when no row is constrained.
+/// The masks where `logits` are, as `StepOutput::greedy_rows_allowed` takes them (u8
+/// flags `[rows, limit]`, a free row allowing every id; `limit` clamped as it clamps it),
+/// uploaded as bits and unpacked there; `None` when no row is constrained.
 pub(super) fn upload(
     allowed: &[Option<Allowed>],
     limit: usize,
@@ -78,25 +79,26 @@ pub(super) fn upload(
         return Ok(None);
     }
     let limit = limit.clamp(1, logits.dim(1)?);
-    let device = logits.device();
-    let mut flags = vec![1u8; allowed.len() * limit];
-    let constrained = allowed.iter().filter(|a| a.is_some()).count();
-    let rows: Vec<_> = flags.chunks_mut(limit).zip(allowed).collect();
-    spread(rows, constrained, |(row, a)| {
+    let row_bytes = limit.div_ceil(8);
+    let mut bits = vec![0xFFu8; allowed.len() * row_bytes];
+    for (row, a) in bits.chunks_mut(row_bytes).zip(allowed) {
         if let Some(a) = a {
-            a.write_flags(row);
+            a.write_bits(row);
         }
-    });
-    Ok(Some(Tensor::from_vec(
-        flags,
-        (allowed.len(), limit),
-        device,
+    }
+    let bits = Tensor::from_vec(bits, (allowed.len(), row_bytes), logits.device())?;
+    Ok(Some(tokenrouter_runtime::runner::unpack_bits(
+        &bits, limit,
     )?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokenrouter_api::OutputConstraint;
+    use tokenrouter_grammar::GrammarCompiler;
+    use tokenrouter_runtime::runner::StepOutput;
+    use tokenrouter_runtime::TextModel;
 
     #[test]
     fn free_rows_need_no_upload_and_keep_every_id() {
@@ -104,5 +106,56 @@ mod tests {
             Tensor::zeros((2, 10), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
         assert!(upload(&[None, None], 10, &logits).unwrap().is_none());
         assert!(compute(vec![None, None, None]).iter().all(Option::is_none));
+    }
+
+    /// The uploaded form (bits, unpacked where the logits are) picks what the host's
+    /// masking picks, row by row, beside a free row; ids past the token table never.
+    #[test]
+    fn uploaded_masks_pick_what_host_masks_pick() {
+        let (vocab, width) = (300usize, 340usize);
+        let text = TextModel::synthetic(vocab).unwrap();
+        let eos = text.encode("<|im_end|>").unwrap();
+        let compiler = GrammarCompiler::new(text.tokenizer(), width, &eos).unwrap();
+        let mut grammars: Vec<_> = ["[a-c]+", "x[0-9]"]
+            .iter()
+            .map(|rx| {
+                compiler
+                    .compile(&OutputConstraint::Regex(rx.to_string()))
+                    .unwrap()
+            })
+            .collect();
+        let mut faults = vec![None, None];
+        let rows: Vec<Constrained<'_>> = grammars
+            .iter_mut()
+            .zip(faults.iter_mut())
+            .map(Some)
+            .chain(std::iter::once(None))
+            .collect();
+        let allowed = compute(rows);
+        let logits = Tensor::randn(0f32, 3.0, (3, width), &candle_core::Device::Cpu).unwrap();
+        let out = StepOutput {
+            logits: logits.clone(),
+            hidden: None,
+        };
+        let limit = width - 5;
+        let mask = upload(&allowed, limit, &logits).unwrap().unwrap();
+        let picks = out.greedy_rows_allowed(limit, Some(&mask)).unwrap();
+        for ((row, a), (token, _)) in logits
+            .to_vec2::<f32>()
+            .unwrap()
+            .iter()
+            .zip(&allowed)
+            .zip(&picks)
+        {
+            let mut host = row.clone();
+            if let Some(a) = a {
+                a.apply(&mut host);
+                assert!((*token as usize) < vocab, "an id past the table");
+            }
+            let best = (0..limit)
+                .max_by(|&x, &y| host[x].total_cmp(&host[y]))
+                .unwrap();
+            assert_eq!(*token as usize, best);
+        }
     }
 }

@@ -243,8 +243,8 @@ pub fn check_router_inputs(device: &Device) -> Result<(f32, usize)> {
     Ok((worst, mismatches))
 }
 
-/// Greedy picks under token masks on the device (`StepOutput::greedy_rows_allowed`, the
-/// path of greedy structured output) against the host's argmax over the same allowed ids and
+/// Greedy picks under token masks on the device (bits unpacked by `runner::unpack_bits`,
+/// then `StepOutput::greedy_rows_allowed`: the path of greedy structured output) against the host's argmax over the same allowed ids and
 /// its log-probability over the whole row: (wrong picks, max |log-prob diff|).
 pub fn check_masked_greedy(device: &Device) -> Result<(usize, f32)> {
     use crate::runner::StepOutput;
@@ -263,7 +263,16 @@ pub fn check_masked_greedy(device: &Device) -> Result<(usize, f32)> {
             keep as u8
         })
         .collect();
-    let allowed = Tensor::from_vec(flags.clone(), (rows, limit), device)?;
+    // Uploaded as bits and unpacked on the device, as the engine does.
+    let row_bytes = limit.div_ceil(8);
+    let mut bits = vec![0u8; rows * row_bytes];
+    for (i, _) in flags.iter().enumerate().filter(|(_, &f)| f == 1) {
+        let (r, t) = (i / limit, i % limit);
+        bits[r * row_bytes + t / 8] |= 1 << (t % 8);
+    }
+    let bits = Tensor::from_vec(bits, (rows, row_bytes), device)?;
+    let allowed = crate::runner::unpack_bits(&bits, limit)
+        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     let out = StepOutput {
         logits,
         hidden: None,
