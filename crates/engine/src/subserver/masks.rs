@@ -124,7 +124,7 @@ mod tests {
                     .unwrap()
             })
             .collect();
-        let mut faults = vec![None, None];
+        let mut faults = [None, None];
         let rows: Vec<Constrained<'_>> = grammars
             .iter_mut()
             .zip(faults.iter_mut())
