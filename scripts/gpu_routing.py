@@ -45,6 +45,14 @@ def wait_ready(port, srv, timeout=300):
             time.sleep(0.5)
     raise RuntimeError("server did not become ready")
 
+def stop(srv):
+    """SIGTERM a server, then kill it if it has not exited within a minute."""
+    srv.send_signal(signal.SIGTERM)
+    try:
+        srv.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+
 def metric(port, name):
     m = re.search(r"^" + re.escape(name) + r"(\{[^}]*\})? ([0-9.eE+-]+)$", get(port, "/metrics"), re.M)
     return float(m.group(2)) if m else None
@@ -132,11 +140,7 @@ def main():
         except Exception as e:
             print(f"{v}: FAILED {e}", file=sys.stderr, flush=True)
         finally:
-            srv.send_signal(signal.SIGTERM)
-            try:
-                srv.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                srv.kill()
+            stop(srv)
     json.dump(rows, open(os.path.join(args.out, "routing.json"), "w"), indent=1)
     print_table(rows, args.variants, args.concurrency)
 

@@ -9,10 +9,10 @@ server answers one schema and one regex request whose text is checked.
 
 Usage: python3 scripts/gpu_structured.py --bin BIN [--concurrency 1 16 64] [--out DIR]
 """
-import argparse, json, os, re, signal, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, subprocess, sys, urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_routing import get, wait_ready, step_stats  # noqa: E402
+from gpu_routing import get, step_stats, stop, wait_ready  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = {
@@ -125,11 +125,7 @@ def main():
         except Exception as e:
             print(f"{mode}: FAILED {e}", file=sys.stderr, flush=True)
         finally:
-            srv.send_signal(signal.SIGTERM)
-            try:
-                srv.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                srv.kill()
+            stop(srv)
     json.dump(dict(rows=rows, answers=answers), open(os.path.join(args.out, "structured.json"), "w"), indent=1)
     for mode, a in answers.items():
         print(f"CHECK {mode}: schema ok={a['schema']['ok']} finish={a['schema']['finish']} "
