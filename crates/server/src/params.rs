@@ -16,6 +16,8 @@ pub struct GenerationPlan {
     pub model: ModelChoice,
     pub stream: bool,
     pub include_usage: bool,
+    /// Usage so far on every streamed chunk (`stream_options.continuous_usage_stats`).
+    pub continuous_usage: bool,
     pub n: usize,
     pub sampling: SamplingParams,
     /// Requested output bound; `None` = whatever fits in the context.
@@ -76,10 +78,17 @@ impl GenerationPlan {
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
+        let continuous_usage = include_usage
+            && fields
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.continuous_usage_stats)
+                .unwrap_or(false);
         Ok(Self {
             model,
             stream,
             include_usage,
+            continuous_usage,
             n: n as usize,
             sampling,
             max_tokens,

@@ -22,6 +22,14 @@ use crate::provenance::source_name;
 use crate::reasoning::{self, ReasoningStart};
 use crate::tools::{read_whole, Shown};
 
+/// What a streamed chunk may report of the whole response.
+pub struct SoFar {
+    /// Attached to the response's last chunk when usage was not requested.
+    pub provenance: Option<Provenance>,
+    /// The usage so far, shown with `continuous_usage_stats`.
+    pub usage: Usage,
+}
+
 /// Which OpenAI endpoint shape to produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -53,6 +61,8 @@ pub struct ResponseContext {
     prompt_logprobs: Option<usize>,
     return_token_sources: bool,
     pub include_usage: bool,
+    /// Usage so far on every chunk (`continuous_usage_stats`).
+    pub continuous_usage: bool,
     /// `echo` (completions only).
     echo: Option<Echo>,
     /// Chat answers' calls of these tools become `tool_calls`.
@@ -82,6 +92,7 @@ impl ResponseContext {
             prompt_logprobs: plan.shown_prompt_logprobs,
             return_token_sources: plan.return_token_sources,
             include_usage: plan.include_usage,
+            continuous_usage: plan.continuous_usage,
             echo: None,
             tool_names: plan.tool_names.clone().filter(|_| kind == Kind::Chat),
             reasoning: plan.reasoning.filter(|_| kind == Kind::Chat),
@@ -257,14 +268,16 @@ impl ResponseContext {
             prompt_logprobs: None,
             ext: ChoiceExtension::default(),
         };
-        serde_json::to_string(&self.completion_chunk(choice, None)).ok()
+        let usage = self.include_usage.then_some(None);
+        serde_json::to_string(&self.completion_chunk(choice, None, usage)).ok()
     }
 
-    /// A streamed completions chunk carrying `choice`.
+    /// A streamed completions chunk carrying `choice` (`usage` as `chunk` shows it).
     fn completion_chunk(
         &self,
         choice: CompletionChoice,
         tokenrouter: Option<Provenance>,
+        usage: Option<Option<Usage>>,
     ) -> CompletionChunk {
         CompletionChunk {
             id: self.id.clone(),
@@ -272,7 +285,7 @@ impl ResponseContext {
             created: self.created,
             model: self.model.clone(),
             choices: vec![choice],
-            usage: self.include_usage.then_some(None),
+            usage,
             tokenrouter,
         }
     }
@@ -358,8 +371,7 @@ impl ResponseContext {
 
     /// One streamed chunk for choice `index`. `first` adds the chat role; `shown` is what
     /// a chat delta shows when tool calls are read (its text without the calls' blocks,
-    /// and the calls it completed); `finish` marks the choice's last chunk; `provenance`
-    /// is attached when this is the response's last chunk and usage was not requested.
+    /// and the calls it completed); `finish` marks the choice's last chunk.
     pub fn chunk(
         &self,
         index: usize,
@@ -367,9 +379,12 @@ impl ResponseContext {
         delta: &Delta,
         shown: Option<Shown>,
         finish: Option<&'static str>,
-        provenance: Option<Provenance>,
+        so_far: SoFar,
     ) -> String {
-        let usage = self.include_usage.then_some(None);
+        let SoFar { provenance, usage } = so_far;
+        let usage = self
+            .include_usage
+            .then(|| self.continuous_usage.then_some(usage));
         let result = match self.kind {
             Kind::Chat => {
                 let Shown {
@@ -416,7 +431,7 @@ impl ResponseContext {
                     prompt_logprobs: None,
                     ext: self.extension(&delta.tokens, &delta.text),
                 };
-                serde_json::to_string(&self.completion_chunk(choice, provenance))
+                serde_json::to_string(&self.completion_chunk(choice, provenance, usage))
             }
         };
         result.unwrap_or_default()

@@ -17,7 +17,7 @@ use crate::generation::{ChoiceUpdate, Generation};
 use crate::openai::response::Usage;
 use crate::provenance::ProvenanceCounter;
 use crate::reasoning::ReasoningReader;
-use crate::render::{tool_finish, ResponseContext};
+use crate::render::{tool_finish, ResponseContext, SoFar};
 use crate::tools::{Shown, ToolCallReader};
 
 pub fn sse_response(ctx: ResponseContext, generation: Generation) -> Response {
@@ -147,9 +147,14 @@ impl SseState {
             }
             _ => (None, reason),
         };
-        let chunk = self
-            .ctx
-            .chunk(index, first, &delta, shown, reason, provenance);
+        let so_far = SoFar {
+            provenance,
+            usage: Usage::new(
+                self.generation.prompt_tokens,
+                self.provenance.completion_tokens(),
+            ),
+        };
+        let chunk = self.ctx.chunk(index, first, &delta, shown, reason, so_far);
         events.push(Event::default().data(chunk));
         Some(events)
     }

@@ -50,6 +50,8 @@ pub struct CommonFields {
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
+    /// vLLM's: usage so far on every chunk too (with `include_usage`).
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// `stop`: one string or a list of strings.

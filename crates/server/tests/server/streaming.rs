@@ -1,4 +1,5 @@
-//! SSE format (role with the first content, include_usage, [DONE]), provenance per delta,
+//! SSE format (role with the first content, include_usage and continuous usage, [DONE]),
+//! provenance per delta,
 //! stop strings while streaming, n=2, and client disconnects aborting the engine request.
 
 use std::time::Duration;
@@ -103,6 +104,46 @@ async fn include_usage_puts_null_usage_on_chunks_then_a_final_usage_chunk() {
         last["tokenrouter"],
         json!({"tokens_by_model": {"quick": 6, "reference": 4}, "switches": 4})
     );
+}
+
+/// vLLM's `continuous_usage_stats`: every chunk carries the usage so far (completion
+/// tokens counting up), the final usage chunk the totals; without `include_usage` it does
+/// nothing.
+#[tokio::test]
+async fn continuous_usage_stats_count_up_on_every_chunk() {
+    let m = mock();
+    for endpoint in ["/v1/chat/completions", "/v1/completions"] {
+        let mut body = match endpoint {
+            "/v1/completions" => json!({"prompt": "hi"}),
+            _ => chat_body("hi"),
+        };
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
+        body["max_tokens"] = json!(10);
+        let chunks = stream_chunks(app(&m), endpoint, body.clone()).await;
+        let (last, content) = chunks.split_last().unwrap();
+        let prompt = last["usage"]["prompt_tokens"].as_u64().unwrap();
+        let mut seen = 0;
+        for c in content {
+            let u = &c["usage"];
+            let done = u["completion_tokens"]
+                .as_u64()
+                .expect("usage on every chunk");
+            assert!(done >= seen && done <= 10, "{c}");
+            assert_eq!(u["prompt_tokens"], prompt);
+            assert_eq!(u["total_tokens"], prompt + done);
+            seen = done;
+        }
+        assert_eq!(seen, 10, "{endpoint}");
+        assert_eq!(last["usage"]["completion_tokens"], 10);
+
+        body["stream_options"] = json!({"continuous_usage_stats": true});
+        let chunks = stream_chunks(app(&m), endpoint, body).await;
+        assert!(
+            chunks.iter().all(|c| c.get("usage").is_none()),
+            "{endpoint}"
+        );
+    }
 }
 
 #[tokio::test]
