@@ -44,14 +44,18 @@ pub struct ReasoningStart {
     pub parser: ReasoningParser,
     /// The prompt already closed the thinking (its text ends with `</think>`).
     pub prompt_ended_thinking: bool,
+    /// Return the thinking (vLLM's `include_reasoning`; off: it is only taken out of the
+    /// content).
+    pub shown: bool,
 }
 
 impl ReasoningStart {
     /// `None` when the server reads no reasoning.
-    pub fn new(parser: ReasoningParser, prompt: &str) -> Option<Self> {
+    pub fn new(parser: ReasoningParser, prompt: &str, shown: bool) -> Option<Self> {
         (parser != ReasoningParser::None).then(|| Self {
             parser,
             prompt_ended_thinking: prompt.trim_end().ends_with(END),
+            shown,
         })
     }
 }
@@ -79,6 +83,7 @@ pub struct Split {
 #[derive(Debug)]
 pub struct ReasoningReader {
     mode: Mode,
+    shown: bool,
     pending: String,
     /// Whether the answer had thinking at all (then an empty answer is `null`).
     thought: bool,
@@ -94,16 +99,26 @@ impl ReasoningReader {
         Self {
             thought: matches!(mode, Mode::Thinking { .. }),
             mode,
+            shown: start.shown,
             pending: String::new(),
         }
     }
 
+    /// Whether the answer had thinking to show.
     pub fn thought(&self) -> bool {
-        self.thought
+        self.thought && self.shown
     }
 
     /// The next piece of text; `last` at the choice's end (nothing is held back then).
     pub fn push(&mut self, text: &str, last: bool) -> Split {
+        let mut out = self.split(text, last);
+        if !self.shown {
+            out.reasoning.clear();
+        }
+        out
+    }
+
+    fn split(&mut self, text: &str, last: bool) -> Split {
         let mut out = Split::default();
         self.pending.push_str(text);
         loop {
@@ -176,6 +191,7 @@ mod tests {
         ReasoningStart {
             parser,
             prompt_ended_thinking: false,
+            shown: true,
         }
     }
 
@@ -250,15 +266,31 @@ mod tests {
     #[test]
     fn a_prompt_that_closed_the_thinking_leaves_the_answer_alone() {
         for parser in [ReasoningParser::Qwen3, ReasoningParser::DeepSeekR1] {
-            let s = ReasoningStart::new(parser, "<|im_start|>assistant\n<think>\n\n</think>\n\n")
-                .unwrap();
+            let s = ReasoningStart::new(
+                parser,
+                "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+                true,
+            )
+            .unwrap();
             assert!(s.prompt_ended_thinking);
             assert_eq!(
                 streams_as_whole(s, "<think>x</think>y"),
                 (None, "<think>x</think>y".into())
             );
         }
-        assert!(ReasoningStart::new(ReasoningParser::None, "").is_none());
+        assert!(ReasoningStart::new(ReasoningParser::None, "", true).is_none());
+    }
+
+    #[test]
+    fn thinking_not_shown_is_still_taken_out_of_the_answer() {
+        let hidden = ReasoningStart {
+            shown: false,
+            ..start(ReasoningParser::Qwen3)
+        };
+        assert_eq!(
+            streams_as_whole(hidden, "<think>hmm</think>4"),
+            (None, "4".into())
+        );
     }
 
     #[test]

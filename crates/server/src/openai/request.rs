@@ -81,6 +81,8 @@ pub struct ChatFields {
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u64>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// vLLM's: return the thinking (`--reasoning-parser`); default true.
+    pub include_reasoning: Option<bool>,
     pub add_generation_prompt: Option<bool>,
     /// Passed to the chat template as the `tools` variable (checked in `tools::ToolUse`).
     pub tools: Option<Vec<Value>>,

@@ -71,6 +71,7 @@ pub async fn chat_completions(
     let (blocking_state, kwargs, tools) =
         (state.clone(), chat.chat_template_kwargs, tool_use.tools);
     let add_generation_prompt = chat.add_generation_prompt.unwrap_or(true);
+    let include_reasoning = chat.include_reasoning.unwrap_or(true);
     // Template and tokenizer run on the blocking pool: a large conversation never stalls
     // the executor that answers `/health` and the other clients.
     let (ids, reasoning) = tokio::task::spawn_blocking(move || {
@@ -81,7 +82,11 @@ pub async fn chat_completions(
             kwargs,
             tools,
         )?;
-        let reasoning = ReasoningStart::new(blocking_state.config.reasoning_parser, &prompt);
+        let reasoning = ReasoningStart::new(
+            blocking_state.config.reasoning_parser,
+            &prompt,
+            include_reasoning,
+        );
         let ids = blocking_state.backend.encode(&prompt)?;
         Ok::<_, ApiError>((ids, reasoning))
     })

@@ -110,6 +110,7 @@ const FIELDS: &[&str] = &[
     "tools",
     "echo",
     "prompt_logprobs",
+    "include_reasoning",
     "suffix",
     "response_format",
     "tool_choice",

@@ -55,6 +55,31 @@ async fn thinking_comes_back_apart_from_the_answer() {
     assert_eq!(joined("reasoning"), joined("reasoning_content"));
 }
 
+/// vLLM's `include_reasoning: false`: the thinking is still taken out of the answer, and
+/// not returned.
+#[tokio::test]
+async fn include_reasoning_false_drops_the_thinking() {
+    let app = server(THOUGHT, ReasoningParser::Qwen3);
+    for stream in [false, true] {
+        let body = ask(json!({"include_reasoning": false, "stream": stream}));
+        if stream {
+            let chunks = stream_chunks(app.clone(), "/v1/chat/completions", body).await;
+            let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+            let content: String = deltas
+                .iter()
+                .filter_map(|d| d["content"].as_str())
+                .collect();
+            assert_eq!(content, "\n\nIt is 4.");
+            assert!(deltas.iter().all(|d| d.get("reasoning").is_none()));
+        } else {
+            let (_, resp) = post_json(app.clone(), "/v1/chat/completions", body).await;
+            let msg = &resp["choices"][0]["message"];
+            assert_eq!(msg["content"], "\n\nIt is 4.");
+            assert!(msg.get("reasoning").is_none() && msg.get("reasoning_content").is_none());
+        }
+    }
+}
+
 #[tokio::test]
 async fn thinking_cut_short_has_no_answer_and_answers_without_thinking_have_no_reasoning() {
     let app = server(THOUGHT, ReasoningParser::Qwen3);
