@@ -92,8 +92,9 @@ struct ServeArgs {
     #[arg(long, env = "TOKENROUTER_ALLOWED_ORIGINS", value_delimiter = ',')]
     allowed_origins: Vec<String>,
     /// How chat answers' tool calls are read when a request has `tools`: `hermes`
-    /// (`<tool_call>{json}</tool_call>`, Qwen2.5 / Qwen3; also `qwen25`) or `none` (the
-    /// text as written).
+    /// (`<tool_call>{json}</tool_call>`, Qwen2.5 / Qwen3; also `qwen25`), `llama3_json`
+    /// (bare `{"name", "parameters"}` calls, Llama 3.1+; also `llama3`) or `none` (the text
+    /// as written).
     #[arg(long, default_value = "hermes")]
     tool_call_parser: tokenrouter_server::ToolCallParser,
     /// How reasoning models' thinking is told from their answer in chat responses:

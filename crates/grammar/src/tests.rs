@@ -102,6 +102,30 @@ fn json_schema_output_parses_and_fits_the_schema() {
     }
 }
 
+/// The Lark grammars the server writes for a forced tool call (Hermes and Llama 3 forms)
+/// compile, and decode to a call whose arguments fit the tool's schema.
+#[test]
+fn forced_tool_call_grammars_decode_to_calls() {
+    let params = r#"{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"], "additionalProperties": false, "x-guidance": {"whitespace_flexible": false}}"#;
+    let hermes = format!(
+        "start: call0\ncall0: \"<tool_call>\\n{{\\\"name\\\": \\\"f\\\", \\\"arguments\\\": \" %json {params} \"}}\\n</tool_call>\""
+    );
+    let llama3 = format!(
+        "start: call0\ncall0: \"{{\\\"name\\\": \\\"f\\\", \\\"parameters\\\": \" %json {params} \"}}\""
+    );
+    for (grammar, key) in [(hermes, "arguments"), (llama3, "parameters")] {
+        for seed in 0..4 {
+            let out = decode(&OutputConstraint::Lark(grammar.clone()), seed);
+            let body = out
+                .trim_start_matches("<tool_call>\n")
+                .trim_end_matches("\n</tool_call>");
+            let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+            assert_eq!(v["name"], "f", "{out}");
+            assert!(v[key]["n"].as_u64().unwrap() <= 9, "{out}");
+        }
+    }
+}
+
 #[test]
 fn json_object_regex_and_choice() {
     for seed in 0..6 {

@@ -25,6 +25,9 @@ pub enum ToolCallParser {
     /// `<tool_call>{json}</tool_call>` blocks become `tool_calls`.
     #[default]
     Hermes,
+    /// Llama 3.1+ (vLLM's `llama3_json`): the answer is the calls' JSON, `{"name": ...,
+    /// "parameters": {...}}`, several separated by `;` (Hermes blocks are read too).
+    Llama3Json,
     /// Generated text is returned as it is, tool calls included.
     None,
 }
@@ -34,9 +37,10 @@ impl std::str::FromStr for ToolCallParser {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "hermes" | "qwen25" => Ok(Self::Hermes),
+            "llama3_json" | "llama3" => Ok(Self::Llama3Json),
             "none" => Ok(Self::None),
             other => Err(format!(
-                "unknown tool call parser `{other}` (expected hermes or none)"
+                "unknown tool call parser `{other}` (expected hermes, llama3_json or none)"
             )),
         }
     }
@@ -101,18 +105,18 @@ impl ToolUse {
                     "`tool_choice` asks for a tool call, but `tools` is empty",
                 ))
             }
-            Some(_) if parser != ToolCallParser::Hermes => {
+            Some(_) if parser == ToolCallParser::None => {
                 return Err(ApiError::invalid(
                     "tool_choice",
                     "a forced tool call needs the server's tool call parser \
-                     (`--tool-call-parser hermes`)",
+                     (`--tool-call-parser hermes` or `llama3_json`)",
                 ))
             }
-            Some(choices) => Some(call_grammar(&choices)),
+            Some(choices) => Some(call_grammar(&choices, parser)),
         };
         Ok(Self {
             tools: Some(tools),
-            parse_calls: parser == ToolCallParser::Hermes,
+            parse_calls: parser != ToolCallParser::None,
             constraint,
         })
     }
@@ -148,10 +152,11 @@ fn tool_name(tool: &Value) -> Option<&str> {
     tool.get("function")?.get("name")?.as_str()
 }
 
-/// A Lark grammar (llguidance's dialect) for one Hermes call of one of `tools`, written as
-/// the template shows calls (`{"name": "...", "arguments": {...}}`), its arguments valid
-/// under the tool's `parameters` (any object if it has none).
-fn call_grammar(tools: &[&Value]) -> OutputConstraint {
+/// A Lark grammar (llguidance's dialect) for one call of one of `tools` in the parser's
+/// format — Hermes: `<tool_call>` + `{"name": "...", "arguments": {...}}` + `</tool_call>`,
+/// as Qwen's template shows calls; Llama 3: `{"name": "...", "parameters": {...}}` alone —
+/// its arguments valid under the tool's `parameters` (any object if it has none).
+fn call_grammar(tools: &[&Value], parser: ToolCallParser) -> OutputConstraint {
     // Lark string literals take JSON's quoting.
     let literal = |s: &str| Value::from(s).to_string();
     let calls: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
@@ -163,10 +168,19 @@ fn call_grammar(tools: &[&Value]) -> OutputConstraint {
             .filter(|p| p.is_object())
             .cloned()
             .unwrap_or_else(|| serde_json::json!({"type": "object"}));
+        let (open, close) = match parser {
+            ToolCallParser::Llama3Json => {
+                (format!("{{\"name\": {name}, \"parameters\": "), "}".into())
+            }
+            _ => (
+                format!("{START}\n{{\"name\": {name}, \"arguments\": "),
+                format!("}}\n{END}"),
+            ),
+        };
         rules.push(format!(
             "{call}: {} %json {schema} {}",
-            literal(&format!("{START}\n{{\"name\": {name}, \"arguments\": ")),
-            literal(&format!("}}\n{END}")),
+            literal(&open),
+            literal(&close),
         ));
     }
     OutputConstraint::Lark(rules.join("\n"))
@@ -231,6 +245,26 @@ pub fn template_tool_calls(index: usize, calls: &[Value]) -> Result<Vec<Value>, 
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn llama3_forced_calls_are_bare_json_with_parameters() {
+        let tool = json!({"type": "function", "function": {"name": "f", "parameters": {}}});
+        let forced = ToolUse::new(
+            Some(vec![tool]),
+            Some(&json!("required")),
+            "llama3_json".parse().unwrap(),
+        )
+        .unwrap();
+        assert!(forced.parse_calls);
+        let Some(OutputConstraint::Lark(grammar)) = forced.constraint else {
+            panic!("no grammar");
+        };
+        assert_eq!(
+            grammar,
+            r#"start: call0
+call0: "{\"name\": \"f\", \"parameters\": " %json {} "}""#
+        );
+    }
 
     #[test]
     fn requests_are_checked() {

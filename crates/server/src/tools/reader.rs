@@ -86,16 +86,20 @@ impl ToolCallReader {
         }
         self.held.push_str(text);
         let start = self.held.trim_start();
-        if !last && (start.is_empty() || start.starts_with('{')) {
+        let maybe_bare = start.starts_with('{')
+            || start.starts_with(PYTHON_TAG)
+            || PYTHON_TAG.starts_with(start);
+        if !last && maybe_bare {
             return Shown::default();
         }
         self.decided = true;
         let held = std::mem::take(&mut self.held);
-        if last && held.trim_start().starts_with('{') {
-            if let Some(function) = parse_call(&held).filter(|f| self.names.contains(&f.name)) {
-                let call = self.call(function);
+        if last {
+            let offered = |f: &FunctionCall| self.names.contains(&f.name);
+            if let Some(functions) = bare_calls(&held).filter(|fs| fs.iter().all(offered)) {
+                let calls = functions.into_iter().map(|f| self.call(f)).collect();
                 return Shown {
-                    calls: vec![call],
+                    calls,
                     ..Shown::default()
                 };
             }
@@ -195,7 +199,36 @@ fn partial_tag(text: &str) -> usize {
 
 /// `{"name": "...", "arguments": {...}}` (or `"parameters"`, which some models write).
 fn parse_call(body: &str) -> Option<FunctionCall> {
-    let value: Map<String, Value> = serde_json::from_str(body.trim()).ok()?;
+    call_of(serde_json::from_str(body.trim()).ok()?)
+}
+
+/// Llama 3's start of a tool call (a special token, so usually already left out of the
+/// text).
+const PYTHON_TAG: &str = "<|python_tag|>";
+
+/// An answer that is nothing but calls' JSON objects (after an optional `<|python_tag|>`),
+/// separated by `;` as Llama 3 writes several; `None` if it is anything else.
+fn bare_calls(text: &str) -> Option<Vec<FunctionCall>> {
+    let text = text.trim_start();
+    let mut rest = text.strip_prefix(PYTHON_TAG).unwrap_or(text).trim_start();
+    let mut calls = Vec::new();
+    loop {
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Map<String, Value>>();
+        calls.push(call_of(values.next()?.ok()?)?);
+        rest = rest[values.byte_offset()..].trim_start();
+        rest = match rest.strip_prefix(';') {
+            Some(after) => after.trim_start(),
+            None if rest.is_empty() => return Some(calls),
+            None => return None,
+        };
+        if rest.is_empty() {
+            return Some(calls);
+        }
+    }
+}
+
+/// A call from its JSON object: `name`, and `arguments` (Hermes) or `parameters` (Llama 3).
+fn call_of(value: Map<String, Value>) -> Option<FunctionCall> {
     let name = value.get("name")?.as_str()?.to_string();
     let arguments = match value.get("arguments").or_else(|| value.get("parameters")) {
         None => "{}".to_string(),
@@ -251,6 +284,41 @@ mod tests {
             .collect();
         out.push(text.chars().map(String::from).collect());
         out
+    }
+
+    /// Llama 3's calls: bare JSON with `parameters`, several separated by `;`, an optional
+    /// `<|python_tag|>` first; read the same whole and in any pieces. Anything else after
+    /// them (or a tool not offered) leaves the text as it was.
+    #[test]
+    fn llama3_calls_are_read_whole_and_streamed() {
+        let one = r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#;
+        let two = format!(r#"<|python_tag|>{one}; {{"name": "f", "parameters": {{}}}};"#);
+        for (text, names_called) in [
+            (one.to_string(), vec!["get_weather"]),
+            (two, vec!["get_weather", "f"]),
+        ] {
+            for pieces in splits(&text) {
+                let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+                let (content, calls) = streamed(&refs);
+                assert_eq!(content, "", "{pieces:?}");
+                let got: Vec<&str> = calls.iter().map(|c| c.function.name.as_str()).collect();
+                assert_eq!(got, names_called, "{pieces:?}");
+                assert_eq!(calls[0].index, Some(0));
+            }
+            let (content, calls) = read_whole(&text, names());
+            assert_eq!((content, calls.len()), (None, names_called.len()));
+            let args: Value = serde_json::from_str(&calls[0].function.arguments).unwrap();
+            assert_eq!(args, json!({"city": "Paris"}));
+        }
+        for not_calls in [
+            format!("{one} and then some text"),
+            r#"{"name": "unknown_tool", "parameters": {}}"#.to_string(),
+            format!("{one}; {{\"name\": \"nope\"}}"),
+        ] {
+            let (content, calls) = read_whole(&not_calls, names());
+            assert!(calls.is_empty(), "{not_calls}");
+            assert_eq!(content.as_deref(), Some(not_calls.as_str()));
+        }
     }
 
     #[test]
