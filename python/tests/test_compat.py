@@ -120,3 +120,6 @@ def test_launch_server_flags_map_onto_serve():
     ]
     assert serve_argv(["--config-path", "a.yaml", "--api-key", "k"])[-4:] == [
         "--config", "a.yaml", "--api-key", "k"]
+    # SGLang's launch_server spellings of the parsers.
+    assert serve_argv(["--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3"])[-4:] == [
+        "--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3"]

@@ -29,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="change one config value, e.g. model.quick.scheduler_kwargs.threshold=0.1")
     p.add_argument("--shutdown_grace", "--shutdown-grace", dest="shutdown_grace", type=int,
                    help="seconds in-flight requests get to finish after SIGTERM")
+    p.add_argument("--tool_call_parser", "--tool-call-parser", dest="tool_call_parser",
+                   help="how chat answers' tool calls are read: hermes (qwen25), llama3_json (llama3) or none")
+    p.add_argument("--reasoning_parser", "--reasoning-parser", dest="reasoning_parser",
+                   help="how reasoning models' thinking is told from the answer: qwen3, deepseek_r1 or none")
     return p
 
 
@@ -46,6 +50,10 @@ def serve_argv(argv: Optional[List[str]] = None) -> List[str]:
         cmd += ["--set", o]
     if a.shutdown_grace is not None:
         cmd += ["--shutdown-grace", str(a.shutdown_grace)]
+    if a.tool_call_parser:
+        cmd += ["--tool-call-parser", a.tool_call_parser]
+    if a.reasoning_parser:
+        cmd += ["--reasoning-parser", a.reasoning_parser]
     return cmd
 
 
