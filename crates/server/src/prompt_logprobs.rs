@@ -75,14 +75,14 @@ pub fn render(
     for s in scores {
         let mut position = Map::new();
         let mut add = |id: u32, logprob: f32, rank: Option<u32>| {
-            if !position.contains_key(&id.to_string()) {
+            if let serde_json::map::Entry::Vacant(slot) = position.entry(id.to_string()) {
                 let c = Candidate {
                     logprob,
                     rank,
                     decoded_token: decode(id),
                 };
                 if let Ok(v) = serde_json::to_value(c) {
-                    position.insert(id.to_string(), v);
+                    slot.insert(v);
                 }
             }
         };

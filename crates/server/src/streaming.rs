@@ -16,7 +16,7 @@ use tokenrouter_api::TokenEvent;
 use crate::generation::{ChoiceUpdate, Generation};
 use crate::openai::response::Usage;
 use crate::provenance::ProvenanceCounter;
-use crate::reasoning::ReasoningReader;
+use crate::reasoning::{ReasoningReader, Split};
 use crate::render::{tool_finish, ResponseContext, SoFar};
 use crate::tools::{Shown, ToolCallReader};
 
@@ -127,20 +127,21 @@ impl SseState {
             Some(Some(reader)) => Some(reader.push(&delta.text, last)),
             _ => None,
         };
-        let (shown, reason) = match (self.tool_readers.get_mut(index), split) {
-            (Some(reader), split) if self.ctx.tool_names.is_some() => {
-                let (content, reasoning) = match split {
-                    Some(s) => (s.content, s.reasoning),
-                    None => (delta.text.clone(), String::new()),
-                };
+        let reads_reasoning = split.is_some();
+        let Split { content, reasoning } = split.unwrap_or_else(|| Split {
+            content: delta.text.clone(),
+            reasoning: String::new(),
+        });
+        let (shown, reason) = match self.tool_readers.get_mut(index) {
+            Some(reader) if self.ctx.tool_names.is_some() => {
                 let mut shown = reader.push(&content, last);
                 shown.reasoning = reasoning;
                 (Some(shown), tool_finish(reason, reader.called()))
             }
-            (_, Some(s)) => {
+            _ if reads_reasoning => {
                 let shown = Shown {
-                    content: s.content,
-                    reasoning: s.reasoning,
+                    content,
+                    reasoning,
                     ..Shown::default()
                 };
                 (Some(shown), reason)

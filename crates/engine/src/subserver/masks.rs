@@ -15,29 +15,23 @@ pub(super) type Constrained<'a> = Option<(&'a mut Grammar, &'a mut Option<String
 const ROWS_PER_THREAD: usize = 4;
 
 /// Each row's allowed tokens (`None` for a free row, or where the constraint failed: the
-/// failure is written to the row's fault).
+/// failure is written to the row's fault), on several threads when there are enough
+/// constrained rows to share.
 pub(super) fn compute(rows: Vec<Constrained<'_>>) -> Vec<Option<Allowed>> {
     let constrained = rows.iter().filter(|r| r.is_some()).count();
-    spread(rows, constrained, one)
-}
-
-/// `f` over `items`, in order, on several threads when `costly` of them (the constrained
-/// rows) are enough to share.
-fn spread<T: Send, R: Send>(items: Vec<T>, costly: usize, f: impl Fn(T) -> R + Sync) -> Vec<R> {
-    let threads = workers().min(costly / ROWS_PER_THREAD).max(1);
+    let threads = workers().min(constrained / ROWS_PER_THREAD).max(1);
     if threads == 1 {
-        return items.into_iter().map(f).collect();
+        return rows.into_iter().map(one).collect();
     }
-    let per_thread = items.len().div_ceil(threads);
-    let mut items = items.into_iter();
-    let chunks: Vec<Vec<T>> = (0..threads)
-        .map(|_| items.by_ref().take(per_thread).collect())
+    let per_thread = rows.len().div_ceil(threads);
+    let mut rows = rows.into_iter();
+    let chunks: Vec<Vec<_>> = (0..threads)
+        .map(|_| rows.by_ref().take(per_thread).collect())
         .collect();
-    let f = &f;
     std::thread::scope(|scope| {
         let handles: Vec<_> = chunks
             .into_iter()
-            .map(|chunk| scope.spawn(move || chunk.into_iter().map(f).collect::<Vec<_>>()))
+            .map(|chunk| scope.spawn(move || chunk.into_iter().map(one).collect::<Vec<_>>()))
             .collect();
         handles
             .into_iter()
