@@ -95,7 +95,8 @@ class Suite:
     def post_expect_continue(self, path, body: bytes):
         """POST with `Expect: 100-continue`, as clients do for large uploads: the body is sent
         only if the server asks for it, so a request the server refuses from its headers
-        (413: too large) gets its answer instead of a connection closed mid-upload."""
+        (413: too large) gets its answer instead of a connection closed mid-upload. Returns the
+        status, the JSON body and whether the server asked for the body."""
         url = urllib.parse.urlsplit(self.base_url + path)
         head = (f"POST {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
@@ -110,7 +111,8 @@ class Suite:
                 if not chunk:
                     break
                 reply += chunk
-            if reply.startswith(b"HTTP/1.1 100"):
+            continued = reply.startswith(b"HTTP/1.1 100")
+            if continued:
                 sock.sendall(body)
                 reply = reply.split(b"\r\n\r\n", 1)[1]
             while True:
@@ -129,7 +131,7 @@ class Suite:
                     break
                 out, rest = out + rest[:n], rest[n + 2:]
             payload = out
-        return status, json.loads(payload or b"null")
+        return status, json.loads(payload or b"null"), continued
 
     # ---- tests ----
 
@@ -371,8 +373,9 @@ class Suite:
             {"prompt": "x", "max_tokens": 2, "no_such_field": 1}).encode())
         check(status == 200, ("unknown fields must be ignored", status, body))
         big = json.dumps({"prompt": "x" * (5 * 1024 * 1024), "max_tokens": 1}).encode()
-        status, body = self.post_expect_continue("/completions", big)
+        status, body, continued = self.post_expect_continue("/completions", big)
         check(status == 413 and body["error"]["message"], (status, body))
+        check(not continued, "a body declared over the limit must be refused from its headers")
         if self.api_key:
             bad = openai.OpenAI(base_url=self.base_url, api_key="wrong", max_retries=0)
             e = expect(openai.AuthenticationError, lambda: bad.models.list())

@@ -18,6 +18,14 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        // Refused from its headers, before a byte of the body is read: a client that sent
+        // `Expect: 100-continue` is answered 413 instead of being invited to upload, and one
+        // that did not is answered without its upload being read up to the limit first.
+        if declared_length(&req).is_some_and(|n| n > state.config.max_body_bytes as u64) {
+            return Err(ApiError::BodyTooLarge {
+                limit: state.config.max_body_bytes,
+            });
+        }
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::BodyTooLarge {
@@ -32,6 +40,16 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
         })?;
         parse_json(&bytes).map(ApiJson)
     }
+}
+
+/// The body's `Content-Length`, when the request declares one that parses.
+fn declared_length(req: &Request) -> Option<u64> {
+    req.headers()
+        .get(axum::http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// Parses `bytes` as a JSON object, then as `T` (see [`parse_value`]).

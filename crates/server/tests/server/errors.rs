@@ -280,6 +280,30 @@ async fn body_over_the_limit_is_413() {
     );
 }
 
+/// A body declared over the limit is refused from its headers: the server never reads it, so
+/// a client that sent `Expect: 100-continue` is not invited to upload before its 413.
+#[tokio::test]
+async fn a_declared_length_over_the_limit_is_413_without_reading_the_body() {
+    let cfg = ServerConfig {
+        max_body_bytes: 1000,
+        ..ServerConfig::default()
+    };
+    // A body that never yields: were it read, the request would hang.
+    let never = futures_util::stream::pending::<Result<axum::body::Bytes, std::io::Error>>();
+    let req = Request::post("/v1/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, "5000")
+        .header(header::EXPECT, "100-continue")
+        .body(axum::body::Body::from_stream(never))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), send(router(mock(), cfg), req))
+        .await
+        .expect("the body was read instead of refused from its length");
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: Value = serde_json::from_str(&text(resp).await).unwrap();
+    assert_eq!(error_of(&body)["code"], "request_too_large");
+}
+
 #[tokio::test]
 async fn full_queue_is_429_immediately() {
     let m = MockBackend::new(MockConfig {
