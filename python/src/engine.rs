@@ -186,10 +186,14 @@ impl Engine {
             .zip(prompt_sizes)
             .map(|(events, (prompt_tokens, first))| {
                 let max_new_tokens = events.max_tokens;
+                let decoder = ChoiceDecoder::new(params.stop_strings())
+                    .with_stop_ids(events.stop_ids.clone())
+                    .including_stops(params.no_stop_trim)
+                    .with_min_tokens(params.sampling.min_tokens);
                 Stream::new(
                     events,
                     self.engine.clone(),
-                    ChoiceDecoder::new(params.stop_strings()),
+                    decoder,
                     params.skip_special_tokens,
                     self.rt.clone(),
                     prompt_tokens,

@@ -37,6 +37,10 @@ struct RawParams {
     stop_token_ids: Option<Vec<u32>>,
     ignore_eos: Option<bool>,
     skip_special_tokens: Option<bool>,
+    /// No stop token or stop string before this many tokens.
+    min_new_tokens: Option<usize>,
+    /// Keep a matched stop string, or a stop token's text, in the output.
+    no_stop_trim: Option<bool>,
     #[serde(alias = "sampling_seed")]
     seed: Option<u64>,
     /// Token id (as a string key, like OpenAI's) → bias added to its logit.
@@ -94,6 +98,8 @@ pub struct Params {
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub skip_special_tokens: bool,
+    /// A matched stop string, or a stop token's text, stays in the output (`no_stop_trim`).
+    pub no_stop_trim: bool,
     pub return_logprob: bool,
     /// Score the prompt (`return_logprob` with `logprob_start_len >= 0`).
     pub input_logprobs: Option<InputLogprobs>,
@@ -176,6 +182,8 @@ impl Params {
                 frequency_penalty: raw.frequency_penalty.unwrap_or(defaults.frequency_penalty),
                 logit_bias,
                 seed: raw.seed,
+                min_tokens: raw.min_new_tokens.unwrap_or(0),
+                ..defaults
             },
             stop: match raw.stop {
                 None => Vec::new(),
@@ -185,6 +193,7 @@ impl Params {
             stop_token_ids: raw.stop_token_ids.unwrap_or_default(),
             ignore_eos: raw.ignore_eos.unwrap_or(false),
             skip_special_tokens: raw.skip_special_tokens.unwrap_or(true),
+            no_stop_trim: raw.no_stop_trim.unwrap_or(false),
             return_logprob,
             input_logprobs,
             routing: RoutingOverrides(raw.routing.unwrap_or_default()),

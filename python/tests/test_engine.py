@@ -201,6 +201,22 @@ def test_structured_output_keeps_to_the_schema_or_regex(engine):
         assert re.fullmatch("[A-Z]{2}-[0-9]{2}", out["text"]), out["text"]
 
 
+def test_min_new_tokens_and_no_stop_trim(engine):
+    params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True, "seed": 4}
+    base = engine.generate("hello world", params)["output_ids"]
+    stop = base[3]
+    cut = base.index(stop)
+    out = engine.generate("hello world", dict(params, stop_token_ids=[stop]))
+    assert out["output_ids"] == base[: cut + 1]
+    # The stop token's text is left out (SGLang trims it) unless no_stop_trim.
+    assert out["text"] == engine.detokenize(base[:cut])
+    kept = engine.generate("hello world", dict(params, stop_token_ids=[stop], no_stop_trim=True))
+    assert kept["text"] == engine.detokenize(base[: cut + 1])
+    late = engine.generate("hello world", dict(params, stop_token_ids=[stop], min_new_tokens=8))
+    ids = late["output_ids"]
+    assert len(ids) >= 8 and stop not in ids[:8], (ids, stop)
+
+
 def test_other_bad_inputs(engine):
     with pytest.raises(ValueError, match="unknown model `huge`"):
         engine.generate("x", LONG, model="huge")

@@ -117,7 +117,8 @@ class TokenRoutingEngine:
         ``sampling_params``: SGLang's keys (``max_new_tokens`` (default 128), ``temperature``
         (default 1.0), ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,
         ``presence_penalty``, ``frequency_penalty``, ``stop``, ``stop_token_ids``,
-        ``ignore_eos``, ``skip_special_tokens``, ``seed``/``sampling_seed``, ``logit_bias``,
+        ``ignore_eos``, ``skip_special_tokens``, ``min_new_tokens``, ``no_stop_trim``,
+        ``seed``/``sampling_seed``, ``logit_bias``,
         ``return_logprob``, and with it ``logprob_start_len`` / ``top_logprobs_num``: the
         prompt's scores from that position on in ``meta_info["input_token_logprobs"]`` as
         ``(logprob, id)``, the first prompt token's logprob None, and their alternatives in

@@ -38,6 +38,17 @@ pub struct SamplingParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// Seeds the request's own RNG; None = a random seed.
     pub seed: Option<u64>,
+    /// vLLM's `min_tokens`: no stop id (EOS, `stop_token_ids`) is picked before this many
+    /// tokens are written.
+    #[serde(default)]
+    pub min_tokens: usize,
+    /// vLLM's `allowed_token_ids`: only these ids are picked (`None`: any).
+    #[serde(default)]
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM's `bad_words`, as token sequences: a sequence's last id is not picked right
+    /// after the rest of it (a one-id sequence: never).
+    #[serde(default)]
+    pub bad_words: Vec<Vec<u32>>,
 }
 
 impl Default for SamplingParams {
@@ -52,6 +63,9 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             logit_bias: Vec::new(),
             seed: None,
+            min_tokens: 0,
+            allowed_token_ids: None,
+            bad_words: Vec::new(),
         }
     }
 }
@@ -131,7 +145,25 @@ impl SamplingParams {
                 format!("`logit_bias` values must be in [-100, 100], got {bias} for {id}"),
             ));
         }
+        if self.allowed_token_ids.as_ref().is_some_and(Vec::is_empty) {
+            return Err(InvalidParam::new(
+                "allowed_token_ids",
+                "`allowed_token_ids` must not be empty".into(),
+            ));
+        }
+        if self.bad_words.iter().any(Vec::is_empty) {
+            return Err(InvalidParam::new(
+                "bad_words",
+                "a bad word must be at least one token".into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// Whether some id may be masked at some step: `min_tokens`, `allowed_token_ids` or
+    /// `bad_words` (see `TokenRestrictions` in the engine).
+    pub fn restricts_tokens(&self) -> bool {
+        self.min_tokens > 0 || self.allowed_token_ids.is_some() || !self.bad_words.is_empty()
     }
 
     /// Plain greedy decoding: the argmax of the raw logits is the token (no temperature,
@@ -317,6 +349,10 @@ pub struct GenerateStream {
     pub request_id: u64,
     /// The output bound the backend applied ([`GenerateRequest::output_bound`]).
     pub max_tokens: usize,
+    /// The ids that end the request (the models' EOS unless `ignore_eos`, and the
+    /// request's `stop_token_ids`): a front end leaves such a last token's text out of the
+    /// answer, as vLLM does unless `include_stop_str_in_output`.
+    pub stop_ids: Vec<u32>,
     pub events: mpsc::UnboundedReceiver<GenerateEvent>,
 }
 

@@ -92,11 +92,22 @@ async fn constrained_answers_match_in_process() {
         .await
         .unwrap();
     let want = constrained_answers(&local).await;
+    let want_restricted = restricted_answers(&local).await;
     local.shutdown();
     let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
     let front = start(front_config(&file, &remote.peer, &[])).await.unwrap();
     let got = constrained_answers(&front).await;
     assert_eq!(got, want);
+    // vLLM's token restrictions travel to the remote too (peer protocol v4).
+    let got_restricted = restricted_answers(&front).await;
+    assert_eq!(got_restricted, want_restricted);
+    for (ids, _) in &got_restricted {
+        assert!(
+            ids.len() == 13 && ids[12] == 70 && !ids[..12].contains(&70),
+            "{ids:?}"
+        );
+        assert!(ids.windows(2).all(|w| w != [71, 71]), "{ids:?}");
+    }
     let text = front.text().unwrap();
     let mut both = 0;
     for (ids, sources) in &got {
@@ -112,6 +123,41 @@ async fn constrained_answers_match_in_process() {
     assert!(both > 0, "no answer was written by both models");
     wait_free(&front, Duration::from_secs(5));
     front.shutdown();
+}
+
+/// (ids, sources) of answers under token restrictions: a stop id pushed hard but held back
+/// by `min_tokens`, a bad word of one id and one of two; routed and pinned remote.
+async fn restricted_answers(e: &Engine) -> Vec<(Vec<u32>, Vec<usize>)> {
+    let mut out = Vec::new();
+    for (i, prompt) in PROMPTS.iter().enumerate() {
+        let mut p = params(true, i);
+        p.max_tokens = 24;
+        p.stop_token_ids = vec![70];
+        p.sampling.logit_bias = vec![(70, 50.0), (71, 8.0)];
+        p.sampling.min_tokens = 12;
+        p.sampling.bad_words = vec![vec![71, 71]];
+        p.pinned_model = (i % 4 == 3).then_some(1);
+        let ids = e.text().unwrap().encode(prompt).unwrap();
+        out.push(answer(e, p.into_request(ids)).await);
+    }
+    out
+}
+
+async fn answer(e: &Engine, req: tokenrouter_api::GenerateRequest) -> (Vec<u32>, Vec<usize>) {
+    let mut s = e.submit(req).unwrap();
+    let (mut ids, mut sources) = (Vec::new(), Vec::new());
+    while let Some(ev) = s.events.recv().await {
+        match ev {
+            GenerateEvent::Token(t) => {
+                ids.push(t.id);
+                sources.push(t.source);
+            }
+            GenerateEvent::Finished { .. } => break,
+            GenerateEvent::Error(e) => panic!("{e}"),
+            GenerateEvent::Prompt(_) => panic!("no prompt scores were asked for"),
+        }
+    }
+    (ids, sources)
 }
 
 /// (ids, sources) of constrained answers: routed, then pinned to the (remote) large model.
@@ -132,20 +178,7 @@ async fn constrained_answers(e: &Engine) -> Vec<(Vec<u32>, Vec<usize>)> {
             schema.clone(),
         ));
         req.pinned_model = (i % 4 == 3).then_some(1);
-        let mut s = e.submit(req).unwrap();
-        let (mut ids, mut sources) = (Vec::new(), Vec::new());
-        while let Some(ev) = s.events.recv().await {
-            match ev {
-                GenerateEvent::Token(t) => {
-                    ids.push(t.id);
-                    sources.push(t.source);
-                }
-                GenerateEvent::Finished { .. } => break,
-                GenerateEvent::Error(e) => panic!("{e}"),
-                GenerateEvent::Prompt(_) => panic!("no prompt scores were asked for"),
-            }
-        }
-        out.push((ids, sources));
+        out.push(answer(e, req).await);
     }
     out
 }

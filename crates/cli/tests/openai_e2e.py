@@ -263,6 +263,40 @@ class Suite:
         check(text == chat_base[: chat_base.index(stop)], (text, chat_base, stop))
         check(chunks[-1].choices[0].finish_reason == "stop", chunks[-1])
 
+    def ids_written(self, **kw):
+        """A routed greedy completion's token ids (vLLM's `return_tokens_as_token_ids`) and
+        finish reason."""
+        extra = kw.pop("extra_body", {})
+        r = self.complete(max_tokens=16, temperature=0, seed=3, logprobs=0,
+                          extra_body={"return_tokens_as_token_ids": True, **extra}, **kw)
+        c = r.choices[0]
+        ids = [int(t.split(":")[1]) for t in c.logprobs.tokens]
+        check(len(ids) == r.usage.completion_tokens, (ids, r.usage))
+        return ids, c.finish_reason
+
+    def test_vllm_token_restrictions(self):
+        # vLLM's min_tokens, allowed_token_ids and bad_words on the routed pair.
+        base, _ = self.ids_written()
+        check(len(base) == 16, base)
+        stop = base[4]
+        ids, reason = self.ids_written(extra_body={"stop_token_ids": [stop]})
+        check(reason == "stop" and ids == base[: base.index(stop) + 1], (ids, base))
+        ids, reason = self.ids_written(extra_body={"stop_token_ids": [stop], "min_tokens": 10})
+        check(len(ids) >= 10 and stop not in ids[:10], (ids, stop))
+        check(reason == "length" or ids[-1] == stop, (ids, reason))
+        only = sorted(set(base[:3]))
+        ids, _ = self.ids_written(extra_body={"allowed_token_ids": only})
+        check(len(ids) == 16 and set(ids) <= set(only), (ids, only))
+        # A bad word of one token: the most written letter of the base answer.
+        common = max(set(base), key=base.count)
+        req = urllib.request.Request(self.root + "/detokenize", method="POST",
+                                     data=json.dumps({"tokens": [common]}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            word = json.loads(resp.read())["prompt"]
+        ids, _ = self.ids_written(extra_body={"bad_words": [word]})
+        check(common not in ids and len(ids) == 16, (ids, word, common))
+
     def test_n2(self):
         r = self.chat(max_tokens=12, n=2, temperature=1.0, seed=5)
         check([c.index for c in r.choices] == [0, 1], r.choices)

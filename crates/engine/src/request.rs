@@ -133,6 +133,25 @@ impl Req {
         Ok(())
     }
 
+    /// Ids the request may not pick next: its stop ids until `min_tokens` are written, and
+    /// each bad word's last id right after the rest of it (vLLM's semantics: the output so
+    /// far, whichever model wrote it).
+    pub fn banned_now(&self) -> Vec<u32> {
+        let config = &self.sampler.config;
+        let mut banned = Vec::new();
+        if self.output.len() < config.min_tokens {
+            banned.extend_from_slice(&self.stop_ids);
+        }
+        for word in &config.bad_words {
+            if let Some((&last, before)) = word.split_last() {
+                if self.output.ends_with(before) {
+                    banned.push(last);
+                }
+            }
+        }
+        banned
+    }
+
     /// Ask for the prompt's scores (see [`Req::prompt_logprobs`]).
     pub fn with_prompt_logprobs(mut self, top: Option<usize>) -> Self {
         self.prompt_logprobs = top;

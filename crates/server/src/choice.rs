@@ -53,6 +53,16 @@ pub struct ChoiceDecoder {
     released: usize,
     /// Tokens not yet released, with the byte end of their text in `text`.
     pending: Vec<(OutToken, usize)>,
+    /// Ids that end the request (see `GenerateStream::stop_ids`).
+    stop_ids: Vec<u32>,
+    /// A stop string (or stop id)'s text stays in the output.
+    include_stops: bool,
+    /// Stop strings stop only once this many tokens are written (vLLM's `min_tokens`).
+    min_tokens: usize,
+    /// Tokens pushed so far.
+    pushed: usize,
+    /// A stop string must end after this byte of `text` (text before `min_tokens`).
+    stop_floor: usize,
 }
 
 impl ChoiceDecoder {
@@ -63,19 +73,50 @@ impl ChoiceDecoder {
         }
     }
 
+    /// The ids that end the request: such a (last) token's text is left out of the output
+    /// unless [`ChoiceDecoder::including_stops`] (vLLM's way; an EOS is usually special,
+    /// so its text is empty anyway while special tokens are skipped).
+    pub fn with_stop_ids(mut self, stop_ids: Vec<u32>) -> Self {
+        self.stop_ids = stop_ids;
+        self
+    }
+
+    /// Keep a matched stop string, or a stop id's text, in the output (vLLM's
+    /// `include_stop_str_in_output`, SGLang's `no_stop_trim`).
+    pub fn including_stops(mut self, include: bool) -> Self {
+        self.include_stops = include;
+        self
+    }
+
+    /// Stop strings written within the first `n` tokens do not stop (vLLM's `min_tokens`:
+    /// the engine holds back the stop ids as long).
+    pub fn with_min_tokens(mut self, n: usize) -> Self {
+        self.min_tokens = n;
+        self
+    }
+
     /// Adds one engine token; `decode` detokenizes (skipping special tokens).
     pub fn push<F>(&mut self, token: TokenEvent, decode: F) -> Result<Step, TextError>
     where
         F: Fn(&[u32]) -> Result<String, TextError>,
     {
-        let piece = self.detok.push(token.id, decode)?;
+        self.pushed += 1;
+        // A stop id is the request's last token: its text, when left out, never enters
+        // the detokenizer.
+        let piece = if self.stop_ids.contains(&token.id) && !self.include_stops {
+            String::new()
+        } else {
+            self.detok.push(token.id, decode)?
+        };
         let out = OutToken {
             event: token,
             text_offset: self.chars,
         };
         self.append(&piece);
         self.pending.push((out, self.text.len()));
-        if let Some(delta) = self.cut_at_stop() {
+        if self.pushed < self.min_tokens {
+            self.stop_floor = self.text.len();
+        } else if let Some(delta) = self.cut_at_stop() {
             return Ok(Step::Stopped(delta));
         }
         let safe = self
@@ -104,8 +145,10 @@ impl ChoiceDecoder {
     {
         let tail = self.detok.flush(decode)?;
         self.append(&tail);
-        if let Some(delta) = self.cut_at_stop() {
-            return Ok((delta, true));
+        if self.pushed >= self.min_tokens {
+            if let Some(delta) = self.cut_at_stop() {
+                return Ok((delta, true));
+            }
         }
         let text = self.text[self.released..].to_string();
         self.released = self.text.len();
@@ -118,10 +161,17 @@ impl ChoiceDecoder {
         self.chars += piece.chars().count();
     }
 
-    /// When a stop string is in the unreleased text, truncates before it and releases all
-    /// remaining text and tokens.
+    /// When a stop string is in the unreleased text, truncates before it (after it, when
+    /// stops are included) and releases all remaining text and tokens.
     fn cut_at_stop(&mut self) -> Option<Delta> {
-        let pos = self.stops.find(&self.text, self.released)?;
+        let found = self
+            .stops
+            .first_match(&self.text, self.released, self.stop_floor)?;
+        let pos = if self.include_stops {
+            found.end
+        } else {
+            found.start
+        };
         let text = self.text[self.released..pos].to_string();
         self.text.truncate(pos);
         self.released = pos;
@@ -223,5 +273,68 @@ mod tests {
         let stop = stop.unwrap();
         assert_eq!(stop.text, "");
         assert_eq!(stop.tokens.len(), 1);
+    }
+
+    /// Feeds `text` byte by byte to `dec`: the whole text shown, whether a stop string
+    /// ended it, and how many tokens were attributed.
+    fn shown(mut dec: ChoiceDecoder, text: &[u8]) -> (String, bool, usize) {
+        let (mut out, mut tokens) = (String::new(), 0);
+        for &b in text {
+            match dec.push(tok(b, 0), decode).unwrap() {
+                Step::Continue(Some(d)) => {
+                    out.push_str(&d.text);
+                    tokens += d.tokens.len();
+                }
+                Step::Continue(None) => {}
+                Step::Stopped(d) => return (out + &d.text, true, tokens + d.tokens.len()),
+            }
+        }
+        let (last, stopped) = dec.finish(decode).unwrap();
+        (out + &last.text, stopped, tokens + last.tokens.len())
+    }
+
+    fn stops(list: &[&str]) -> StopStrings {
+        StopStrings::new(list.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn stop_strings_within_min_tokens_do_not_stop() {
+        let dec = || ChoiceDecoder::new(stops(&["ab"]));
+        assert_eq!(shown(dec(), b"xabyabz"), ("x".into(), true, 3));
+        // The first "ab" ends at the third token: before min_tokens 4 it does not stop.
+        assert_eq!(
+            shown(dec().with_min_tokens(4), b"xabyabz"),
+            ("xaby".into(), true, 6)
+        );
+        // One that starts before the min_tokens-th token and ends with it stops.
+        assert_eq!(
+            shown(dec().with_min_tokens(3), b"xabyabz"),
+            ("x".into(), true, 3)
+        );
+        assert_eq!(
+            shown(dec().with_min_tokens(2), b"xabyabz"),
+            ("x".into(), true, 3)
+        );
+        assert_eq!(
+            shown(dec().with_min_tokens(9), b"xabyabz"),
+            ("xabyabz".into(), false, 7)
+        );
+    }
+
+    #[test]
+    fn included_stops_stay_in_the_text() {
+        let dec = ChoiceDecoder::new(stops(&["ab"])).including_stops(true);
+        assert_eq!(shown(dec, b"xabyab"), ("xab".into(), true, 3));
+    }
+
+    /// A stop id's text is left out unless stops are included; its token is still counted.
+    #[test]
+    fn a_stop_ids_text_is_left_out_unless_included() {
+        let dec = || ChoiceDecoder::new(StopStrings::default()).with_stop_ids(vec![b'!'.into()]);
+        assert_eq!(shown(dec(), b"hey!"), ("hey".into(), false, 4));
+        assert_eq!(
+            shown(dec().including_stops(true), b"hey!"),
+            ("hey!".into(), false, 4)
+        );
     }
 }

@@ -79,8 +79,12 @@ impl Generation {
         let choices = stream::select_all(streams.into_iter().enumerate().map(|(index, s)| {
             ChoiceRun {
                 index,
+                decoder: ChoiceDecoder::new(plan.stop.clone())
+                    .with_stop_ids(s.stop_ids.clone())
+                    .including_stops(plan.include_stops)
+                    .with_min_tokens(plan.sampling.min_tokens),
                 stream: Some(s),
-                decoder: ChoiceDecoder::new(plan.stop.clone()),
+                skip_special: !plan.keep_special,
                 backend: state.backend.clone(),
                 abort: state.lifecycle.abort_signal(),
             }
@@ -126,6 +130,8 @@ struct ChoiceRun {
     /// `None` once finished: dropping the stream tells the engine to stop.
     stream: Option<GenerateStream>,
     decoder: ChoiceDecoder,
+    /// Special tokens' text left out (vLLM's `skip_special_tokens`, the default).
+    skip_special: bool,
     backend: Arc<dyn Backend>,
     abort: watch::Receiver<bool>,
 }
@@ -150,8 +156,8 @@ impl ChoiceRun {
             let Some(event) = event else {
                 return self.fail(ApiError::ShuttingDown);
             };
-            let backend = self.backend.clone();
-            let decode = |ids: &[u32]| backend.decode(ids, true);
+            let (backend, skip_special) = (self.backend.clone(), self.skip_special);
+            let decode = |ids: &[u32]| backend.decode(ids, skip_special);
             match event {
                 Some(GenerateEvent::Prompt(scores)) => {
                     return Some(ChoiceUpdate::Prompt {

@@ -1,7 +1,9 @@
 //! Validation of the sampling fields shared by chat and completions, and their mapping onto
 //! the engine's [`GenerateRequest`]. Every rejection is a 400 naming the field in `param`.
 
-use tokenrouter_api::{GenerateRequest, OutputConstraint, RoutingOverrides, SamplingParams};
+use tokenrouter_api::{
+    Backend, GenerateRequest, OutputConstraint, RoutingOverrides, SamplingParams,
+};
 
 use crate::config::ServerConfig;
 use crate::constraint::output_constraint;
@@ -23,6 +25,17 @@ pub struct GenerationPlan {
     /// Requested output bound; `None` = whatever fits in the context.
     pub max_tokens: Option<usize>,
     pub stop: StopStrings,
+    /// A matched stop string, or a stop id's text, stays in the answer
+    /// (`include_stop_str_in_output`).
+    pub include_stops: bool,
+    /// Special tokens' text is shown (`skip_special_tokens: false`).
+    pub keep_special: bool,
+    /// `bad_words` as given; tokenized into `sampling.bad_words` by [`GenerationPlan::tokenize_bad_words`].
+    pub bad_words: Vec<String>,
+    /// Keep the prompt's last k tokens; -1: as many as fit (`truncate_prompt_tokens`).
+    pub truncate_prompt_tokens: Option<i64>,
+    /// Logprob entries name tokens `token_id:{id}` (`return_tokens_as_token_ids`).
+    pub tokens_as_ids: bool,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     /// `None` = no logprobs; `Some(k)` = chosen token's logprob plus k alternatives.
@@ -93,6 +106,11 @@ impl GenerationPlan {
             sampling,
             max_tokens,
             stop: StopStrings::new(fields.stop.map(|s| s.into_vec()).unwrap_or_default()),
+            include_stops: fields.include_stop_str_in_output.unwrap_or(false),
+            keep_special: !fields.skip_special_tokens.unwrap_or(true),
+            bad_words: fields.bad_words.unwrap_or_default(),
+            truncate_prompt_tokens: truncation(fields.truncate_prompt_tokens)?,
+            tokens_as_ids: fields.return_tokens_as_token_ids.unwrap_or(false),
             stop_token_ids: fields.stop_token_ids.unwrap_or_default(),
             ignore_eos: fields.ignore_eos.unwrap_or(false),
             logprobs,
@@ -104,6 +122,49 @@ impl GenerationPlan {
             tool_names: None,
             constraint,
         })
+    }
+
+    /// `bad_words` as token sequences, as vLLM makes them: each word (leading whitespace
+    /// trimmed) as it reads at the start of a text, and with a space before it when that
+    /// is a different first token of the same length (the word inside a sentence).
+    pub fn tokenize_bad_words(&mut self, backend: &dyn Backend) -> Result<(), ApiError> {
+        let mut out = Vec::new();
+        for (i, word) in self.bad_words.iter().enumerate() {
+            let word = word.trim_start();
+            let encode = |text: &str| {
+                backend
+                    .encode(text)
+                    .map_err(|e| ApiError::invalid(format!("bad_words[{i}]"), e.to_string()))
+            };
+            let alone = encode(word)?;
+            if alone.is_empty() {
+                return Err(ApiError::invalid(
+                    format!("bad_words[{i}]"),
+                    "a bad word must not be empty",
+                ));
+            }
+            let spaced = encode(&format!(" {word}"))?;
+            let differs = spaced.first() != alone.first() && spaced.len() == alone.len();
+            out.push(alone);
+            if differs {
+                out.push(spaced);
+            }
+        }
+        self.sampling.bad_words = out;
+        Ok(())
+    }
+
+    /// A prompt's ids after `truncate_prompt_tokens`: its last k (-1: as many as leave
+    /// room for `max_tokens`, or one token, in a context of `context_length`).
+    pub fn truncate_prompt(&self, ids: &mut Vec<u32>, context_length: usize) {
+        let keep = match self.truncate_prompt_tokens {
+            None => return,
+            Some(-1) => context_length.saturating_sub(self.max_tokens.unwrap_or(1)),
+            Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
+        };
+        if ids.len() > keep {
+            ids.drain(..ids.len() - keep);
+        }
     }
 
     /// Score the prompt with `k` alternatives a token (at least: `echo` may ask for more).
@@ -135,6 +196,17 @@ impl GenerationPlan {
                 }
             })
             .collect())
+    }
+}
+
+/// `truncate_prompt_tokens`: -1 or at least 1.
+fn truncation(value: Option<i64>) -> Result<Option<i64>, ApiError> {
+    match value {
+        Some(k) if k == 0 || k < -1 => Err(ApiError::invalid(
+            "truncate_prompt_tokens",
+            format!("`truncate_prompt_tokens` must be -1 or at least 1, got {k}"),
+        )),
+        other => Ok(other),
     }
 }
 
@@ -242,6 +314,11 @@ fn sampling_params(f: &CommonFields) -> Result<SamplingParams, ApiError> {
         )?,
         logit_bias,
         seed: f.seed.map(|s| s as u64),
+        min_tokens: f
+            .min_tokens
+            .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        allowed_token_ids: f.allowed_token_ids.clone(),
+        bad_words: Vec::new(),
     };
     sampling
         .validate()

@@ -60,6 +60,8 @@ pub struct ResponseContext {
     /// vLLM's `prompt_logprobs`: shown with this many alternatives a token.
     prompt_logprobs: Option<usize>,
     return_token_sources: bool,
+    /// Logprob entries name tokens `token_id:{id}`.
+    tokens_as_ids: bool,
     pub include_usage: bool,
     /// Usage so far on every chunk (`continuous_usage_stats`).
     pub continuous_usage: bool,
@@ -91,6 +93,7 @@ impl ResponseContext {
             logprobs: plan.logprobs,
             prompt_logprobs: plan.shown_prompt_logprobs,
             return_token_sources: plan.return_token_sources,
+            tokens_as_ids: plan.tokens_as_ids,
             include_usage: plan.include_usage,
             continuous_usage: plan.continuous_usage,
             echo: None,
@@ -118,8 +121,13 @@ impl ResponseContext {
         source_name(&self.names, index)
     }
 
-    /// Text of one token for logprob entries (special tokens shown, not skipped).
+    /// Text of one token for logprob entries (special tokens shown, not skipped), or
+    /// `token_id:{id}` (vLLM's `return_tokens_as_token_ids`: for tokens that are not whole
+    /// characters alone).
     fn token_text(&self, id: u32) -> String {
+        if self.tokens_as_ids {
+            return format!("token_id:{id}");
+        }
         self.backend.decode(&[id], false).unwrap_or_default()
     }
 

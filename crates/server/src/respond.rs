@@ -18,12 +18,15 @@ use crate::streaming;
 /// Runs `plan` on `prompts` (token ids) and answers in the shape of `kind`.
 pub async fn respond(
     state: &AppState,
-    plan: GenerationPlan,
+    mut plan: GenerationPlan,
     kind: Kind,
     prompts: Vec<Vec<u32>>,
     arrival: Instant,
     echo: Option<Echo>,
 ) -> Result<Response, ApiError> {
+    if !plan.bad_words.is_empty() {
+        plan.tokenize_bad_words(state.backend.as_ref())?;
+    }
     let generation = Generation::start(state, &plan, &prompts, arrival)?;
     let ctx = ResponseContext::new(kind, state.backend.clone(), &plan).with_echo(echo);
     if plan.stream {

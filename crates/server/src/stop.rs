@@ -17,12 +17,31 @@ impl StopStrings {
 
     /// Byte position of the earliest stop string in `text` at or after `from`.
     pub fn find(&self, text: &str, from: usize) -> Option<usize> {
-        let tail = text.get(from..)?;
+        self.first_match(text, from, 0).map(|m| m.start)
+    }
+
+    /// The earliest stop string in `text` that starts at or after `from` and ends after
+    /// byte `ends_after` (text written before `min_tokens` cannot stop a request), as its
+    /// byte range.
+    pub fn first_match(
+        &self,
+        text: &str,
+        from: usize,
+        ends_after: usize,
+    ) -> Option<std::ops::Range<usize>> {
         self.stops
             .iter()
-            .filter_map(|s| tail.find(s.as_str()))
-            .min()
-            .map(|pos| from + pos)
+            .filter_map(|s| {
+                // A match starting here or later ends after `ends_after`; a match starts
+                // on a character boundary, so rounding the start up loses none.
+                let mut start = from.max((ends_after + 1).saturating_sub(s.len()));
+                while start < text.len() && !text.is_char_boundary(start) {
+                    start += 1;
+                }
+                let at = start + text.get(start..)?.find(s.as_str())?;
+                Some(at..at + s.len())
+            })
+            .min_by_key(|m| (m.start, m.end))
     }
 
     /// Length in bytes of the longest suffix of `text` that is a proper prefix of some stop
@@ -54,6 +73,18 @@ mod tests {
         assert_eq!(stops.find("abc\n\nxEND", 4), Some(6));
         assert_eq!(stops.find("abc", 0), None);
         assert_eq!(stops.find("abc", 10), None);
+    }
+
+    #[test]
+    fn matches_ending_too_early_are_skipped() {
+        let stops = StopStrings::new(vec!["ab".into(), "é!".into()]);
+        assert_eq!(stops.first_match("xabyab", 0, 0), Some(1..3));
+        assert_eq!(stops.first_match("xabyab", 0, 3), Some(4..6));
+        assert_eq!(stops.first_match("xabyab", 0, 2), Some(1..3));
+        assert_eq!(stops.first_match("xabyab", 0, 6), None);
+        // The start rounded up to a character boundary inside "é".
+        assert_eq!(stops.first_match("aé!é!", 0, 4), Some(4..7));
+        assert_eq!(stops.first_match("aé!é!", 0, 3), Some(1..4));
     }
 
     #[test]

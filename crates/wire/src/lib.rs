@@ -11,8 +11,9 @@ use std::time::Duration;
 use tonic::transport::{Channel, Endpoint, Server};
 
 /// Bumped on any change of meaning; both ends must be equal (v2: prompt scores, which a
-/// v1 remote would drop silently; v3: output constraints, which a v2 remote would ignore).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// v1 remote would drop silently; v3: output constraints, which a v2 remote would ignore;
+/// v4: token restrictions, `min_tokens` / `allowed_token_ids` / `bad_words`, likewise).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest message either side decodes (a first contact carries the whole prompt).
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;

@@ -106,6 +106,9 @@ impl Backend for Engine {
 pub const MAX_LOGIT_BIAS: usize = 300;
 /// Most `stop_token_ids` a request may carry.
 pub const MAX_STOP_TOKEN_IDS: usize = 256;
+/// Most token ids in a request's `bad_words`, all words together (each is checked at every
+/// step).
+pub const MAX_BAD_WORD_IDS: usize = 4096;
 
 /// Every token id a request carries must be a real token of every model (below the shared
 /// sample limit: padding ids and ids past a model's vocabulary are refused here, so a bad id
@@ -167,7 +170,42 @@ fn check_token_ids(request: &GenerateRequest, limit: usize) -> Result<(), Submit
             format!("token id {id} is not in the vocabulary (valid ids: 0..{limit})"),
         ));
     }
-    request.sampling.validate()?;
+    let s = &request.sampling;
+    let allowed = s.allowed_token_ids.iter().flatten();
+    if let Some(id) = allowed.clone().find(|&&id| id as usize >= limit) {
+        return Err(invalid(
+            "allowed_token_ids",
+            format!("token id {id} is not in the vocabulary (valid ids: 0..{limit})"),
+        ));
+    }
+    let bad_ids: usize = s.bad_words.iter().map(Vec::len).sum();
+    if bad_ids > MAX_BAD_WORD_IDS {
+        return Err(invalid(
+            "bad_words",
+            format!("at most {MAX_BAD_WORD_IDS} tokens in all, got {bad_ids}"),
+        ));
+    }
+    if let Some(id) = s
+        .bad_words
+        .iter()
+        .flatten()
+        .find(|&&id| id as usize >= limit)
+    {
+        return Err(invalid(
+            "bad_words",
+            format!("token id {id} is not in the vocabulary (valid ids: 0..{limit})"),
+        ));
+    }
+    if let Some(max) = request.max_tokens.filter(|&max| s.min_tokens > max) {
+        return Err(invalid(
+            "min_tokens",
+            format!(
+                "`min_tokens` ({}) must not exceed `max_tokens` ({max})",
+                s.min_tokens
+            ),
+        ));
+    }
+    s.validate()?;
     Ok(())
 }
 
@@ -322,7 +360,7 @@ impl Engine {
             sampler,
             seed,
             max_tokens,
-            stop_ids,
+            stop_ids.clone(),
             request.pinned_model,
             request.top_logprobs,
             etx,
@@ -334,6 +372,7 @@ impl Engine {
             GenerateStream {
                 request_id: rid,
                 max_tokens,
+                stop_ids,
                 events: erx,
             },
         )

@@ -22,6 +22,16 @@ fn sampling_to_pb(s: &SamplingParams) -> pb::Sampling {
             .map(|&(id, bias)| pb::LogitBias { id, bias })
             .collect(),
         seed: s.seed,
+        min_tokens: s.min_tokens as u32,
+        allowed_token_ids: s
+            .allowed_token_ids
+            .as_ref()
+            .map(|ids| pb::TokenList { ids: ids.clone() }),
+        bad_words: s
+            .bad_words
+            .iter()
+            .map(|ids| pb::TokenList { ids: ids.clone() })
+            .collect(),
     }
 }
 
@@ -36,6 +46,9 @@ fn sampling_from_pb(s: &pb::Sampling) -> SamplingParams {
         frequency_penalty: s.frequency_penalty,
         logit_bias: s.logit_bias.iter().map(|b| (b.id, b.bias)).collect(),
         seed: s.seed,
+        min_tokens: s.min_tokens as usize,
+        allowed_token_ids: s.allowed_token_ids.as_ref().map(|l| l.ids.clone()),
+        bad_words: s.bad_words.iter().map(|l| l.ids.clone()).collect(),
     }
 }
 
@@ -203,6 +216,10 @@ mod tests {
         let p: Vec<u32> = (0..prompt as u32).map(|i| i % 1000).collect();
         let mut c = SamplingParams::greedy();
         c.presence_penalty = 0.5;
+        c.logit_bias = vec![(4, -1.5)];
+        c.min_tokens = 4;
+        c.allowed_token_ids = Some(vec![11, 12, 13, 14, 15]);
+        c.bad_words = vec![vec![12, 12], vec![7]];
         let s = Sampler::new(c, 9, &p);
         (Req::new(3, p, s, 9, 100, vec![2], None, 0, tx), rx)
     }
@@ -236,6 +253,8 @@ mod tests {
             (front.prompt.clone(), front.output.clone())
         );
         assert_eq!(copy.sampler.counts(), front.sampler.counts());
+        assert_eq!(copy.sampler.config, front.sampler.config);
+        assert_eq!(copy.banned_now(), front.banned_now());
         // Back at the front: the remote wrote one token, the front dropped it and wrote two.
         copy.push_token(tok(13, 1));
         front.push_token(tok(13, 1));

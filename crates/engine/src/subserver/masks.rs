@@ -1,7 +1,8 @@
-//! Structured output's token masks for one step: computed for every constrained row
+//! The token masks of one step: structured output's, computed for every constrained row
 //! (spread over threads when there are many: a mask takes 0.1-0.3 ms and a GPU step of a
-//! large batch only a few ms), then applied on the host or uploaded for the device's greedy
-//! pick (`StepOutput::greedy_rows_allowed`).
+//! large batch only a few ms), narrowed by the request's token restrictions (vLLM's
+//! `min_tokens`, `allowed_token_ids`, `bad_words`), then applied on the host or uploaded for
+//! the device's greedy pick (`StepOutput::greedy_rows_allowed`).
 
 use candle_core::Tensor;
 use std::sync::OnceLock;
@@ -56,6 +57,94 @@ fn one(row: Constrained<'_>) -> Option<Allowed> {
     }
 }
 
+/// What one row may pick this step.
+pub(super) enum RowMask {
+    /// Its constraint's tokens alone.
+    Grammar(Allowed),
+    /// Narrowed by its token restrictions: id `i` is bit `i % 8` of byte `i / 8`.
+    Bits(Vec<u8>),
+}
+
+impl RowMask {
+    /// Sets the logit of every id the row may not pick to -inf.
+    pub(super) fn apply(&self, logits: &mut [f32]) {
+        match self {
+            RowMask::Grammar(allowed) => allowed.apply(logits),
+            RowMask::Bits(bits) => {
+                for (i, x) in logits.iter_mut().enumerate() {
+                    if !bit(bits, i) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the mask over `row` (`limit.div_ceil(8)` bytes; see [`RowMask::Bits`]).
+    fn write_bits(&self, row: &mut [u8]) {
+        match self {
+            RowMask::Grammar(allowed) => allowed.write_bits(row),
+            RowMask::Bits(bits) => {
+                let n = bits.len().min(row.len());
+                row[..n].copy_from_slice(&bits[..n]);
+                row[n..].fill(0);
+            }
+        }
+    }
+}
+
+fn bit(bits: &[u8], i: usize) -> bool {
+    bits.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0)
+}
+
+/// A row's mask: its constraint's tokens (`grammar`), within `only` (`allowed_token_ids`)
+/// when given, less `banned` (its stop ids before `min_tokens`, bad words' last ids) —
+/// unless the bans would leave nothing to pick (a finished constraint that allows only its
+/// end, `allowed_token_ids` within the stop ids): then the constraint and `only` alone.
+/// Ids at or above `limit` are never allowed.
+pub(super) fn narrow(
+    grammar: Option<Allowed>,
+    only: Option<&[u32]>,
+    banned: &[u32],
+    limit: usize,
+) -> Option<RowMask> {
+    if only.is_none() && banned.is_empty() {
+        return grammar.map(RowMask::Grammar);
+    }
+    let mut bits = vec![0u8; limit.div_ceil(8)];
+    match &grammar {
+        Some(allowed) => allowed.write_bits(&mut bits),
+        None => {
+            bits.fill(0xFF);
+            if let Some(last) = bits.last_mut() {
+                if !limit.is_multiple_of(8) {
+                    *last = ((1u16 << (limit % 8)) - 1) as u8;
+                }
+            }
+        }
+    }
+    if let Some(only) = only {
+        let mut kept = vec![0u8; bits.len()];
+        for &id in only {
+            let i = id as usize;
+            if bit(&bits, i) {
+                kept[i / 8] |= 1 << (i % 8);
+            }
+        }
+        bits = kept;
+    }
+    let before_bans = bits.clone();
+    for &id in banned {
+        if let Some(b) = bits.get_mut(id as usize / 8) {
+            *b &= !(1 << (id % 8));
+        }
+    }
+    if bits.iter().all(|&b| b == 0) {
+        bits = before_bans;
+    }
+    Some(RowMask::Bits(bits))
+}
+
 fn workers() -> usize {
     static WORKERS: OnceLock<usize> = OnceLock::new();
     *WORKERS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -65,7 +154,7 @@ fn workers() -> usize {
 /// flags `[rows, limit]`, a free row allowing every id; `limit` clamped as it clamps it),
 /// uploaded as bits and unpacked there; `None` when no row is constrained.
 pub(super) fn upload(
-    allowed: &[Option<Allowed>],
+    allowed: &[Option<RowMask>],
     limit: usize,
     logits: &Tensor,
 ) -> Result<Option<Tensor>, RuntimeError> {
@@ -125,13 +214,24 @@ mod tests {
             .map(Some)
             .chain(std::iter::once(None))
             .collect();
-        let allowed = compute(rows);
+        let limit = width - 5;
+        // The third row is free of a constraint but restricted: ids 7..40 alone, less 9.
+        let only: Vec<u32> = (7..40).collect();
+        let restricted = [
+            (None, &[][..]),
+            (None, &[][..]),
+            (Some(&only[..]), &[9u32][..]),
+        ];
+        let allowed: Vec<Option<RowMask>> = compute(rows)
+            .into_iter()
+            .zip(restricted)
+            .map(|(g, (only, banned))| narrow(g, only, banned, limit))
+            .collect();
         let logits = Tensor::randn(0f32, 3.0, (3, width), &candle_core::Device::Cpu).unwrap();
         let out = StepOutput {
             logits: logits.clone(),
             hidden: None,
         };
-        let limit = width - 5;
         let mask = upload(&allowed, limit, &logits).unwrap().unwrap();
         let picks = out.greedy_rows_allowed(limit, Some(&mask)).unwrap();
         for ((row, a), (token, _)) in logits
@@ -151,5 +251,31 @@ mod tests {
                 .unwrap();
             assert_eq!(*token as usize, best);
         }
+        assert!((7..40).contains(&picks[2].0) && picks[2].0 != 9);
+    }
+
+    fn allowed_ids(mask: &RowMask, limit: usize) -> Vec<usize> {
+        let mut logits = vec![0.0f32; limit + 3];
+        mask.apply(&mut logits);
+        (0..logits.len()).filter(|&i| logits[i] == 0.0).collect()
+    }
+
+    /// Restrictions narrow a free row to `only` less `banned`, ids past the limit never;
+    /// bans that would leave nothing are dropped (the row still has a token to pick).
+    #[test]
+    fn restrictions_narrow_a_row_but_never_to_nothing() {
+        let limit = 21;
+        assert!(narrow(None, None, &[], limit).is_none());
+        let banned = narrow(None, None, &[3, 20, 99], limit).unwrap();
+        let expect: Vec<usize> = (0..limit).filter(|&i| i != 3 && i != 20).collect();
+        assert_eq!(allowed_ids(&banned, limit), expect);
+        let only = narrow(None, Some(&[2, 5, 30]), &[5], limit).unwrap();
+        assert_eq!(allowed_ids(&only, limit), [2]);
+        let all_banned = narrow(None, Some(&[2, 5]), &[2, 5], limit).unwrap();
+        assert_eq!(allowed_ids(&all_banned, limit), [2, 5]);
+        let mut bits = vec![0u8; limit.div_ceil(8)];
+        banned.write_bits(&mut bits);
+        let from_bits: Vec<usize> = (0..limit).filter(|&i| bit(&bits, i)).collect();
+        assert_eq!(from_bits, expect);
     }
 }

@@ -4,8 +4,8 @@
 //! (metrics, the latency log the online tuner reads).
 
 use super::after_step::StepSeen;
-use super::{masks, shared, StepSample, SubServer};
-use tokenrouter_grammar::Allowed;
+use super::masks::{self, RowMask};
+use super::{shared, StepSample, SubServer};
 use tokenrouter_runtime::{Row, RuntimeError, Sampled, StepOptions, StepOutput};
 
 /// What the forward pass and sampling produced for the running batch.
@@ -74,7 +74,8 @@ impl SubServer {
             && self.running.iter().all(|r| {
                 r.top_logprobs == 0
                     && r.sampler.config.is_plain_greedy()
-                    && (r.grammar.is_none() || model.kernels().device_masks)
+                    && ((r.grammar.is_none() && !r.sampler.config.restricts_tokens())
+                        || model.kernels().device_masks)
             });
         let (want_entropy, want_top) = (self.needs.entropy, self.needs.top_logits);
         let opts = StepOptions {
@@ -144,20 +145,28 @@ impl SubServer {
         })
     }
 
-    /// Each constrained request's tokens allowed next (`None` for the others, and for one
-    /// whose constraint failed: it fails alone, after the step).
-    fn allowed_tokens(&mut self) -> Vec<Option<Allowed>> {
+    /// Each constrained or restricted request's tokens allowed next (`None` for the others,
+    /// and for one whose constraint failed: it fails alone, after the step).
+    fn allowed_tokens(&mut self) -> Vec<Option<RowMask>> {
         let grammars = self.running.iter_mut().map(|r| match r.grammar.as_mut() {
             Some(g) if r.fault.is_none() => Some((g.as_mut(), &mut r.fault)),
             _ => None,
         });
-        masks::compute(grammars.collect())
+        let grammars = masks::compute(grammars.collect());
+        self.running
+            .iter()
+            .zip(grammars)
+            .map(|(r, grammar)| {
+                let only = r.sampler.config.allowed_token_ids.as_deref();
+                masks::narrow(grammar, only, &r.banned_now(), self.sample_limit)
+            })
+            .collect()
     }
 
     /// Each request's own sampler over its row (a copy masked by its constraint, if it has
     /// one: the policy sees the model's own distribution). A row with NaN logits, or whose
     /// constraint failed, is not sampled (it fails alone, after the step).
-    fn sample_on_host(&mut self, logits: &[Vec<f32>], allowed: &[Option<Allowed>]) -> Vec<Sampled> {
+    fn sample_on_host(&mut self, logits: &[Vec<f32>], allowed: &[Option<RowMask>]) -> Vec<Sampled> {
         let limit = self.sample_limit;
         self.running
             .iter_mut()

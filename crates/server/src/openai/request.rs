@@ -40,6 +40,19 @@ pub struct CommonFields {
     pub structured_outputs: Option<Value>,
     /// vLLM's extension: score the prompt with this many alternatives a token.
     pub prompt_logprobs: Option<i64>,
+    /// vLLM's token restrictions: no stop token or stop string before `min_tokens` tokens;
+    /// only `allowed_token_ids`; never `bad_words` (see `SamplingParams`).
+    pub min_tokens: Option<u64>,
+    pub allowed_token_ids: Option<Vec<u32>>,
+    pub bad_words: Option<Vec<String>>,
+    /// vLLM's: the matched stop string (or stop token's text) stays in the answer.
+    pub include_stop_str_in_output: Option<bool>,
+    /// vLLM's: special tokens are left out of the text (default true).
+    pub skip_special_tokens: Option<bool>,
+    /// vLLM's: keep the prompt's last k tokens (-1: as many as fit the context).
+    pub truncate_prompt_tokens: Option<i64>,
+    /// vLLM's: logprob entries name tokens as `token_id:{id}`.
+    pub return_tokens_as_token_ids: Option<bool>,
     /// Extension: report which model wrote each token.
     pub return_token_sources: Option<bool>,
     /// Extension: per-request overrides of the routing method's kwargs
@@ -84,6 +97,9 @@ pub struct ChatFields {
     /// vLLM's: return the thinking (`--reasoning-parser`); default true.
     pub include_reasoning: Option<bool>,
     pub add_generation_prompt: Option<bool>,
+    /// vLLM's / HF's: the answer continues the last message (an assistant's prefix)
+    /// instead of starting a new one; needs `add_generation_prompt: false`.
+    pub continue_final_message: Option<bool>,
     /// Passed to the chat template as the `tools` variable (checked in `tools::ToolUse`).
     pub tools: Option<Vec<Value>>,
     /// `"auto"` (the default), `"none"`; `"required"` and named functions are refused.
@@ -146,6 +162,7 @@ pub struct TokenizeRequest {
     pub prompt: Option<String>,
     pub messages: Option<Vec<RequestMessage>>,
     pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
 }
 

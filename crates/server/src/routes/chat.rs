@@ -70,18 +70,12 @@ pub async fn chat_completions(
     let messages = to_chat_messages(&chat.messages)?;
     let (blocking_state, kwargs, tools) =
         (state.clone(), chat.chat_template_kwargs, tool_use.tools);
-    let add_generation_prompt = chat.add_generation_prompt.unwrap_or(true);
+    let end = PromptEnd::new(chat.add_generation_prompt, chat.continue_final_message)?;
     let include_reasoning = chat.include_reasoning.unwrap_or(true);
     // Template and tokenizer run on the blocking pool: a large conversation never stalls
     // the executor that answers `/health` and the other clients.
     let (ids, reasoning) = tokio::task::spawn_blocking(move || {
-        let prompt = render_messages(
-            &blocking_state,
-            &messages,
-            add_generation_prompt,
-            kwargs,
-            tools,
-        )?;
+        let prompt = render_messages(&blocking_state, &messages, end, kwargs, tools)?;
         let reasoning = ReasoningStart::new(
             blocking_state.config.reasoning_parser,
             &prompt,
@@ -93,26 +87,60 @@ pub async fn chat_completions(
     .await
     .map_err(|e| ApiError::Engine(format!("tokenizer task: {e}")))??;
     plan.reasoning = reasoning;
+    let mut ids = ids;
+    plan.truncate_prompt(&mut ids, plan.model.context_length);
     respond(&state, plan, Kind::Chat, vec![ids], arrival, None).await
+}
+
+/// How a rendered conversation ends: with the assistant's turn opened
+/// (`add_generation_prompt`, the default), closed after the last message, or with the last
+/// message left open for the answer to continue (`continue_final_message`, vLLM's and
+/// Hugging Face's: an assistant's prefix the model goes on from).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum PromptEnd {
+    OpenTurn,
+    Closed,
+    ContinueFinal,
+}
+
+impl PromptEnd {
+    pub(crate) fn new(
+        add_generation_prompt: Option<bool>,
+        continue_final_message: Option<bool>,
+    ) -> Result<Self, ApiError> {
+        match (
+            add_generation_prompt,
+            continue_final_message.unwrap_or(false),
+        ) {
+            (Some(true), true) => Err(ApiError::invalid(
+                "continue_final_message",
+                "`continue_final_message` continues the last message, `add_generation_prompt` \
+                 opens a new one: set one of them",
+            )),
+            (_, true) => Ok(PromptEnd::ContinueFinal),
+            (Some(false), false) => Ok(PromptEnd::Closed),
+            (_, false) => Ok(PromptEnd::OpenTurn),
+        }
+    }
 }
 
 /// Applies the backend's chat template to `messages`.
 pub(crate) fn render_prompt(
     state: &AppState,
     messages: &[RequestMessage],
-    add_generation_prompt: bool,
+    end: PromptEnd,
     kwargs: Option<Map<String, Value>>,
     tools: Option<Vec<Value>>,
 ) -> Result<String, ApiError> {
     let messages = to_chat_messages(messages)?;
-    render_messages(state, &messages, add_generation_prompt, kwargs, tools)
+    render_messages(state, &messages, end, kwargs, tools)
 }
 
 /// Applies the chat template to already flattened messages.
 fn render_messages(
     state: &AppState,
     messages: &[ChatMessage],
-    add_generation_prompt: bool,
+    end: PromptEnd,
     kwargs: Option<Map<String, Value>>,
     tools: Option<Vec<Value>>,
 ) -> Result<String, ApiError> {
@@ -120,11 +148,34 @@ fn render_messages(
     if let Some(tools) = tools {
         kwargs.insert("tools".into(), Value::Array(tools));
     }
-    Ok(state.backend.apply_chat_template(
+    let rendered = state.backend.apply_chat_template(
         messages,
-        add_generation_prompt,
+        end == PromptEnd::OpenTurn,
         &Value::Object(kwargs),
-    )?)
+    )?;
+    match (end, messages.last()) {
+        (PromptEnd::ContinueFinal, Some(last)) => open_final_message(rendered, &last.content),
+        _ => Ok(rendered),
+    }
+}
+
+/// The rendering cut right after the last message's content, as Hugging Face's
+/// `continue_final_message` cuts it (the content as given, else trimmed: some templates
+/// trim messages).
+fn open_final_message(rendered: String, content: &str) -> Result<String, ApiError> {
+    let end_of = |needle: &str| {
+        (!needle.is_empty())
+            .then(|| rendered.rfind(needle).map(|at| at + needle.len()))
+            .flatten()
+    };
+    match end_of(content).or_else(|| end_of(content.trim())) {
+        Some(end) => Ok(rendered[..end].to_string()),
+        None => Err(ApiError::invalid(
+            "continue_final_message",
+            "the last message's content is empty or the chat template does not show it, \
+             so there is nothing to continue",
+        )),
+    }
 }
 
 /// Roles a chat template may see (OpenAI's, plus `ipython` of Llama 3 templates).

@@ -74,6 +74,16 @@ pub async fn completions(
     if prompts.is_empty() {
         return Err(ApiError::invalid("prompt", "`prompt` must not be empty"));
     }
+    // A truncated prompt is echoed as the model reads it: its kept ids, decoded.
+    let prompts: Vec<(Vec<u32>, Option<String>)> = prompts
+        .into_iter()
+        .map(|(mut ids, text)| {
+            let whole = ids.len();
+            plan.truncate_prompt(&mut ids, context);
+            let text = text.filter(|_| ids.len() == whole);
+            (ids, text)
+        })
+        .collect();
     let echo = match echo {
         true => Some(echoed(&state, &prompts, plan.n, prompt_only)?),
         false => None,

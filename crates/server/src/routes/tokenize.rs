@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::openai::request::{DetokenizeRequest, TokenizeRequest};
-use crate::routes::chat::render_prompt;
+use crate::routes::chat::{render_prompt, PromptEnd};
 use crate::state::AppState;
 
 #[derive(Debug, Serialize)]
@@ -33,7 +33,7 @@ pub async fn tokenize(
         (Some(messages), _) => render_prompt(
             &state,
             &messages,
-            req.add_generation_prompt.unwrap_or(true),
+            PromptEnd::new(req.add_generation_prompt, req.continue_final_message)?,
             req.chat_template_kwargs,
             None,
         )?,

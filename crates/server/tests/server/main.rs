@@ -14,3 +14,4 @@ mod shutdown;
 mod streaming;
 mod structured;
 mod tools;
+mod vllm_fields;

@@ -285,6 +285,10 @@ impl Backend for MockBackend {
         self.changed.notify_waiters();
         let (tx, rx) = mpsc::unbounded_channel();
         let script = self.script_for(&request).into_bytes();
+        let mut stop_ids = request.stop_token_ids.clone();
+        if !request.ignore_eos {
+            stop_ids.push(EOS);
+        }
         let (log, changed, cfg) = (self.log.clone(), self.changed.clone(), self.cfg.clone());
         tokio::spawn(async move {
             let outcome = generate(&tx, &request, max_tokens, &script, &cfg).await;
@@ -300,6 +304,7 @@ impl Backend for MockBackend {
         Ok(GenerateStream {
             request_id,
             max_tokens,
+            stop_ids,
             events: rx,
         })
     }
