@@ -11,9 +11,9 @@ use pyo3::prelude::*;
 use tokenrouter_api::{Backend, ChatMessage, SubmitError};
 use tokenrouter_server::text::ChoiceDecoder;
 
-use crate::params::Params;
 use crate::stream::Stream;
 use crate::EngineError;
+use tokenrouter_server::sglang::Params;
 
 #[pyclass(module = "tokenrouter._native", frozen)]
 pub struct Engine {

@@ -5,7 +5,6 @@
 //! is in `python/tokenrouter/`; this module stays thin.
 
 mod engine;
-mod params;
 mod stream;
 
 use std::path::Path;

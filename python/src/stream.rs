@@ -12,8 +12,8 @@ use pyo3::types::PyDict;
 use tokenrouter_api::{Backend, FinishReason, GenerateEvent, GenerateStream, TokenEvent};
 use tokenrouter_server::text::{ChoiceDecoder, Delta, Step};
 
-use crate::params::InputLogprobs;
 use crate::EngineError;
+use tokenrouter_server::sglang::InputLogprobs;
 
 /// How long one wait lasts before Python gets to check for signals.
 const WAIT_SLICE: Duration = Duration::from_millis(100);

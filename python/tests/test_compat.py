@@ -76,6 +76,32 @@ def test_research_system_openai_example(server):
     assert response.usage.completion_tokens >= 1
 
 
+def test_sglang_native_generate_example(server):
+    # SGLang's docs' /generate example (requests swapped for urllib), and its streaming one.
+    def post(data):
+        req = urllib.request.Request(server + "/generate", data=json.dumps(data).encode(),
+                                     headers={"Content-Type": "application/json"})
+        return urllib.request.urlopen(req, timeout=60)
+
+    with post({"text": "What is the capital of France?",
+               "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}}) as r:
+        out = json.load(r)
+    assert out["meta_info"]["completion_tokens"] == 16 == len(out["output_ids"])
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 16}
+    prev, text = 0, ""
+    with post({"text": "The capital of France is", "stream": True,
+               "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}}) as r:
+        for chunk in r:
+            chunk = chunk.decode("utf-8").strip()
+            if chunk and chunk.startswith("data:"):
+                if chunk == "data: [DONE]":
+                    break
+                data = json.loads(chunk[5:].strip("\n"))
+                text += data["text"][prev:]
+                prev = len(data["text"])
+    assert text == data["text"] and data["meta_info"]["completion_tokens"] == 8
+
+
 def test_models_lists_the_aliases(server):
     with urllib.request.urlopen(server + "/v1/models", timeout=10) as r:
         ids = [m["id"] for m in json.load(r)["data"]]

@@ -297,6 +297,43 @@ class Suite:
         ids, _ = self.ids_written(extra_body={"bad_words": [word]})
         check(common not in ids and len(ids) == 16, (ids, word, common))
 
+    def test_sglang_generate(self):
+        # SGLang's native /generate as its docs call it (requests-style JSON, SSE of the text so far).
+        def post(body):
+            req = urllib.request.Request(self.root + "/generate", method="POST", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            if self.api_key:
+                req.add_header("Authorization", f"Bearer {self.api_key}")
+            return urllib.request.urlopen(req, timeout=60)
+        params = {"temperature": 0, "max_new_tokens": 12, "logit_bias": LETTERS, "sampling_seed": 3}
+        with post({"text": "Once upon a time", "sampling_params": params}) as resp:
+            one = json.loads(resp.read())
+        meta = one["meta_info"]
+        check(len(one["output_ids"]) == meta["completion_tokens"] == 12, one)
+        check(meta["finish_reason"] == {"type": "length", "length": 12}, meta)
+        check(sum(meta["tokens_by_model"].values()) == 12 and len(meta["token_sources"]) == 12, meta)
+        # The same request through the OpenAI endpoint gives the same text.
+        r = self.complete(prompt="Once upon a time", max_tokens=12, temperature=0, seed=3)
+        check(r.choices[0].text == one["text"], (r.choices[0].text, one["text"]))
+        prev, chunks = "", 0
+        with post({"text": "Once upon a time", "sampling_params": params, "stream": True}) as resp:
+            for line in resp:
+                line = line.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                check(chunk["text"].startswith(prev), (chunk["text"], prev))
+                prev, chunks = chunk["text"], chunks + 1
+        check(prev == one["text"] and chunks > 1, (prev, one["text"], chunks))
+        with post({"input_ids": [[5, 6, 7], [8, 9]], "sampling_params": [params, dict(params, max_new_tokens=4)],
+                   "return_logprob": True}) as resp:
+            batch = json.loads(resp.read())
+        check([b["meta_info"]["completion_tokens"] for b in batch] == [12, 4], batch)
+        check(all(len(b["meta_info"]["output_token_logprobs"]) == len(b["output_ids"]) for b in batch), batch)
+
     def test_n2(self):
         r = self.chat(max_tokens=12, n=2, temperature=1.0, seed=5)
         check([c.index for c in r.choices] == [0, 1], r.choices)

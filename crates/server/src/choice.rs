@@ -31,6 +31,14 @@ impl Delta {
     }
 }
 
+/// What stopped a choice: a stop string (as given) or a stop id (EOS or `stop_token_ids`):
+/// vLLM's `stop_reason`, SGLang's `matched`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StopMatch {
+    Text(String),
+    Token(u32),
+}
+
 /// Result of adding a token.
 #[derive(Debug, PartialEq)]
 pub enum Step {
@@ -63,6 +71,8 @@ pub struct ChoiceDecoder {
     pushed: usize,
     /// A stop string must end after this byte of `text` (text before `min_tokens`).
     stop_floor: usize,
+    /// What stopped the choice, once something did.
+    stopped_by: Option<StopMatch>,
 }
 
 impl ChoiceDecoder {
@@ -103,7 +113,11 @@ impl ChoiceDecoder {
         self.pushed += 1;
         // A stop id is the request's last token: its text, when left out, never enters
         // the detokenizer.
-        let piece = if self.stop_ids.contains(&token.id) && !self.include_stops {
+        let is_stop = self.stop_ids.contains(&token.id);
+        if is_stop {
+            self.stopped_by = Some(StopMatch::Token(token.id));
+        }
+        let piece = if is_stop && !self.include_stops {
             String::new()
         } else {
             self.detok.push(token.id, decode)?
@@ -156,6 +170,11 @@ impl ChoiceDecoder {
         Ok((Delta { text, tokens }, false))
     }
 
+    /// What stopped the choice (a stop string or a stop id), if it stopped.
+    pub fn stopped_by(&self) -> Option<&StopMatch> {
+        self.stopped_by.as_ref()
+    }
+
     fn append(&mut self, piece: &str) {
         self.text.push_str(piece);
         self.chars += piece.chars().count();
@@ -167,6 +186,7 @@ impl ChoiceDecoder {
         let found = self
             .stops
             .first_match(&self.text, self.released, self.stop_floor)?;
+        self.stopped_by = Some(StopMatch::Text(self.text[found.clone()].to_string()));
         let pos = if self.include_stops {
             found.end
         } else {
@@ -325,6 +345,19 @@ mod tests {
     fn included_stops_stay_in_the_text() {
         let dec = ChoiceDecoder::new(stops(&["ab"])).including_stops(true);
         assert_eq!(shown(dec, b"xabyab"), ("xab".into(), true, 3));
+    }
+
+    #[test]
+    fn what_stopped_is_reported() {
+        let mut dec = ChoiceDecoder::new(stops(&["b", "zz"])).with_stop_ids(vec![9]);
+        for b in *b"ab" {
+            dec.push(tok(b, 0), decode).unwrap();
+        }
+        assert_eq!(dec.stopped_by(), Some(&StopMatch::Text("b".into())));
+        let mut dec = ChoiceDecoder::new(stops(&["zz"])).with_stop_ids(vec![9]);
+        assert_eq!(dec.stopped_by(), None);
+        dec.push(tok(9, 0), decode).unwrap();
+        assert_eq!(dec.stopped_by(), Some(&StopMatch::Token(9)));
     }
 
     /// A stop id's text is left out unless stops are included; its token is still counted.

@@ -14,7 +14,7 @@ use tokenrouter_api::{
 };
 use tokio::sync::watch;
 
-use crate::choice::{ChoiceDecoder, Delta, Step};
+use crate::choice::{ChoiceDecoder, Delta, Step, StopMatch};
 use crate::error::ApiError;
 use crate::metrics::RequestTracker;
 use crate::params::GenerationPlan;
@@ -36,6 +36,8 @@ pub enum ChoiceUpdate {
         index: usize,
         delta: Delta,
         reason: &'static str,
+        /// The stop string or stop id that ended it, if one did.
+        stopped_by: Option<StopMatch>,
     },
     Failed(ApiError),
 }
@@ -46,6 +48,8 @@ pub struct Generation {
     tracker: RequestTracker,
     pub prompt_tokens: usize,
     pub num_choices: usize,
+    /// Each choice's output bound, as the backend applied it.
+    pub max_tokens: Vec<usize>,
 }
 
 impl Generation {
@@ -57,11 +61,28 @@ impl Generation {
         prompts: &[Vec<u32>],
         arrival: Instant,
     ) -> Result<Self, ApiError> {
+        let items: Vec<_> = prompts.iter().map(|p| (plan, p.as_slice())).collect();
+        Self::start_each(state, &items, arrival)
+    }
+
+    /// [`Generation::start`] with a plan per prompt (SGLang's list of `sampling_params`);
+    /// the plans share their model.
+    pub fn start_each(
+        state: &AppState,
+        items: &[(&GenerationPlan, &[u32])],
+        arrival: Instant,
+    ) -> Result<Self, ApiError> {
         state.check_accepting()?;
-        let mut requests = Vec::new();
-        for prompt in prompts {
-            requests.extend(plan.requests(prompt)?);
+        let Some(&(plan, _)) = items.first() else {
+            return Err(ApiError::invalid("prompt", "no prompt was given"));
+        };
+        let (mut requests, mut plans) = (Vec::new(), Vec::new());
+        for &(item_plan, prompt) in items {
+            let made = item_plan.requests(prompt)?;
+            plans.extend(std::iter::repeat_n(item_plan, made.len()));
+            requests.extend(made);
         }
+        let prompt_tokens = requests.iter().map(|r| r.prompt_ids.len()).sum();
         // All choices of all prompts are admitted together or not at all.
         let streams = state.backend.submit_all(requests).map_err(|e| match e {
             // The engine names a constraint `constraint`; the client sent its own field.
@@ -74,9 +95,10 @@ impl Generation {
             }
             e => ApiError::from(e),
         })?;
-        let prompt_tokens = prompts.iter().map(Vec::len).sum::<usize>() * plan.n;
         let num_choices = streams.len();
-        let choices = stream::select_all(streams.into_iter().enumerate().map(|(index, s)| {
+        let max_tokens = streams.iter().map(|s| s.max_tokens).collect();
+        let runs = streams.into_iter().zip(plans).enumerate();
+        let choices = stream::select_all(runs.map(|(index, (s, plan))| {
             ChoiceRun {
                 index,
                 decoder: ChoiceDecoder::new(plan.stop.clone())
@@ -101,6 +123,7 @@ impl Generation {
             tracker,
             prompt_tokens,
             num_choices,
+            max_tokens,
         })
     }
 
@@ -205,6 +228,7 @@ impl ChoiceRun {
             index: self.index,
             delta,
             reason,
+            stopped_by: self.decoder.stopped_by().cloned(),
         })
     }
 

@@ -20,6 +20,7 @@ mod error;
 mod extract;
 mod generation;
 mod metrics;
+mod native;
 mod openai;
 mod params;
 mod prompt_logprobs;
@@ -28,6 +29,7 @@ mod reasoning;
 mod render;
 mod respond;
 mod routes;
+pub mod sglang;
 mod shutdown;
 mod state;
 mod stop;
@@ -48,7 +50,7 @@ pub use tokenrouter_api::Backend;
 /// strings across tokens of different models, and which tokens each piece of text carries.
 /// Public so in-process clients (the Python package) return exactly what HTTP returns.
 pub mod text {
-    pub use crate::choice::{ChoiceDecoder, Delta, OutToken, Step};
+    pub use crate::choice::{ChoiceDecoder, Delta, OutToken, Step, StopMatch};
     pub use crate::stop::StopStrings;
 }
 

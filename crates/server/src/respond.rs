@@ -56,6 +56,7 @@ async fn collect(ctx: ResponseContext, mut generation: Generation) -> Result<Res
                 index,
                 delta,
                 reason,
+                ..
             } => (index, delta, Some(reason)),
             ChoiceUpdate::Failed(err) => return Err(err),
         };

@@ -80,6 +80,7 @@ impl SseState {
                 index,
                 delta,
                 reason,
+                ..
             }) => (index, delta, Some(reason)),
             Some(ChoiceUpdate::Failed(err)) => {
                 self.done = true;

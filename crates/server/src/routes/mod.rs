@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod generate;
 pub mod misc;
 pub mod models;
 pub mod tokenize;
@@ -24,6 +25,7 @@ pub fn build(state: AppState) -> Router {
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .route("/version", get(misc::version))
+        .route("/generate", post(generate::generate))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .merge(crate::web::routes())

@@ -190,7 +190,7 @@ async fn template_and_tokenizer_errors_are_400() {
 }
 
 #[tokio::test]
-async fn api_key_guards_v1_only() {
+async fn api_key_guards_v1_and_generate_only() {
     let m = mock();
     let cfg = ServerConfig {
         api_key: Some("sekrit".into()),
@@ -226,6 +226,25 @@ async fn api_key_guards_v1_only() {
     assert_eq!(
         send(app.clone(), get("/v1/models")).await.status(),
         StatusCode::UNAUTHORIZED
+    );
+    // SGLang's /generate generates too: it needs the key.
+    let generate = |auth: Option<&str>| {
+        let mut req = Request::post("/generate").header(header::CONTENT_TYPE, "application/json");
+        if let Some(v) = auth {
+            req = req.header(header::AUTHORIZATION, v);
+        }
+        req.body(axum::body::Body::from(r#"{"text": "hi"}"#))
+            .unwrap()
+    };
+    assert_eq!(
+        send(app.clone(), generate(None)).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        send(app.clone(), generate(Some("Bearer sekrit")))
+            .await
+            .status(),
+        StatusCode::OK
     );
     for open in ["/health", "/metrics", "/version"] {
         assert_eq!(

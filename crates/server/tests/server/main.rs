@@ -7,6 +7,7 @@ mod echo;
 mod endpoints;
 mod errors;
 mod fuzz;
+mod generate;
 mod mock;
 mod openai_client;
 mod reasoning;

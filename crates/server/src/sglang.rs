@@ -1,12 +1,15 @@
 //! `sampling_params` as the research system and SGLang spell them (`max_new_tokens`,
-//! `top_k = -1`, `stop`, `sampling_seed`, …), parsed once into the engine's request type.
+//! `top_k = -1`, `stop`, `sampling_seed`, …), parsed once into the engine's request type:
+//! shared by SGLang's native `POST /generate` and the Python engine's `generate`.
 //! Unknown keys are refused by name: a misspelt key silently ignored is a wrong experiment.
 
 use std::collections::BTreeMap;
 
+use crate::params::GenerationPlan;
+use crate::state::ModelChoice;
+use crate::stop::StopStrings;
 use serde::Deserialize;
 use tokenrouter_api::{GenerateRequest, OutputConstraint, RoutingOverrides, SamplingParams};
-use tokenrouter_server::text::StopStrings;
 
 /// SGLang's default when `max_new_tokens` is absent.
 const DEFAULT_MAX_NEW_TOKENS: usize = 128;
@@ -101,6 +104,8 @@ pub struct Params {
     /// A matched stop string, or a stop token's text, stays in the output (`no_stop_trim`).
     pub no_stop_trim: bool,
     pub return_logprob: bool,
+    /// Top alternatives a token with `return_logprob` (`top_logprobs_num`).
+    pub top_logprobs_num: usize,
     /// Score the prompt (`return_logprob` with `logprob_start_len >= 0`).
     pub input_logprobs: Option<InputLogprobs>,
     pub routing: RoutingOverrides,
@@ -195,6 +200,7 @@ impl Params {
             skip_special_tokens: raw.skip_special_tokens.unwrap_or(true),
             no_stop_trim: raw.no_stop_trim.unwrap_or(false),
             return_logprob,
+            top_logprobs_num: top,
             input_logprobs,
             routing: RoutingOverrides(raw.routing.unwrap_or_default()),
             constraint,
@@ -220,5 +226,36 @@ impl Params {
 
     pub fn stop_strings(&self) -> StopStrings {
         StopStrings::new(self.stop.clone())
+    }
+
+    /// The server's plan of one `/generate` prompt under these parameters: the output's
+    /// log-probabilities (with `top_logprobs_num` alternatives) when `return_logprob`, the
+    /// prompt scored when `logprob_start_len >= 0`, provenance always.
+    pub(crate) fn plan(&self, model: ModelChoice, stream: bool) -> GenerationPlan {
+        GenerationPlan {
+            model,
+            stream,
+            include_usage: false,
+            continuous_usage: false,
+            n: 1,
+            sampling: self.sampling.clone(),
+            max_tokens: self.max_new_tokens,
+            stop: self.stop_strings(),
+            include_stops: self.no_stop_trim,
+            keep_special: !self.skip_special_tokens,
+            bad_words: Vec::new(),
+            truncate_prompt_tokens: None,
+            tokens_as_ids: false,
+            stop_token_ids: self.stop_token_ids.clone(),
+            ignore_eos: self.ignore_eos,
+            logprobs: self.return_logprob.then_some(self.top_logprobs_num),
+            return_token_sources: true,
+            routing: self.routing.clone(),
+            prompt_logprobs: self.input_logprobs.map(|i| i.top),
+            shown_prompt_logprobs: None,
+            reasoning: None,
+            tool_names: None,
+            constraint: self.constraint.clone().map(|c| (c, "sampling_params")),
+        }
     }
 }

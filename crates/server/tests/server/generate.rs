@@ -1,0 +1,183 @@
+//! SGLang's native `POST /generate` over the mock: one prompt or a batch, text or ids, one
+//! `sampling_params` or one per prompt, `meta_info` (finish reason with what matched,
+//! counts, provenance, log-probabilities), streaming of the text so far, and its errors.
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::{app, error_of, mock, post, post_json, send, sse_data, text};
+use crate::mock::{logprob_of, prompt_logprob_of, EOS};
+
+const SCRIPT: &str = "Hello, world! The answer is 42. é日本🙂 END of story.";
+
+async fn generate(body: Value) -> (StatusCode, Value) {
+    post_json(app(&mock()), "/generate", body).await
+}
+
+#[tokio::test]
+async fn one_prompt_gets_an_object_with_meta_info() {
+    let (status, out) = generate(json!({"text": "abc", "rid": "r1"})).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["text"], SCRIPT);
+    let ids = out["output_ids"].as_array().unwrap();
+    let meta = &out["meta_info"];
+    assert_eq!(meta["id"], "r1");
+    // The script's bytes, then the mock's EOS: matched, its text left out.
+    assert_eq!(
+        meta["finish_reason"],
+        json!({"type": "stop", "matched": EOS})
+    );
+    assert_eq!(ids.last().unwrap(), &json!(EOS));
+    assert_eq!(meta["prompt_tokens"], 3);
+    assert_eq!(meta["completion_tokens"], ids.len());
+    let sources = meta["token_sources"].as_array().unwrap();
+    assert_eq!(sources.len(), ids.len());
+    let by_model = &meta["tokens_by_model"];
+    assert_eq!(
+        by_model["quick"].as_u64().unwrap() + by_model["reference"].as_u64().unwrap(),
+        ids.len() as u64
+    );
+    assert!(meta["e2e_latency"].as_f64().unwrap() >= 0.0);
+    assert!(meta.get("output_token_logprobs").is_none());
+}
+
+#[tokio::test]
+async fn a_batch_gets_a_list_and_each_prompt_its_params() {
+    let params = json!([{"max_new_tokens": 5}, {"max_new_tokens": 3, "temperature": 0}]);
+    let (status, out) = generate(json!({"text": ["ab", "cd"], "sampling_params": params,
+        "rid": "b"}))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let list = out.as_array().unwrap();
+    assert_eq!(list.len(), 2);
+    for (i, (answer, n)) in list.iter().zip([5, 3]).enumerate() {
+        assert_eq!(answer["text"], SCRIPT[..n]);
+        let meta = &answer["meta_info"];
+        assert_eq!(meta["id"], format!("b_{i}"));
+        assert_eq!(
+            meta["finish_reason"],
+            json!({"type": "length", "length": n})
+        );
+    }
+    // Ids, one prompt and a batch.
+    let (_, out) = generate(json!({"input_ids": [1, 2, 3], "sampling_params":
+        {"max_new_tokens": 2}}))
+    .await;
+    assert_eq!(out["text"], "He");
+    assert_eq!(out["meta_info"]["prompt_tokens"], 3);
+    let (_, out) = generate(json!({"input_ids": [[1, 2], [3]], "sampling_params":
+        {"max_new_tokens": 2}}))
+    .await;
+    assert_eq!(out.as_array().unwrap().len(), 2);
+    assert_eq!(out[1]["meta_info"]["prompt_tokens"], 1);
+}
+
+#[tokio::test]
+async fn a_stop_string_is_named_and_cut() {
+    let (_, out) =
+        generate(json!({"text": "x", "sampling_params": {"stop": ["world", "zzz"]}})).await;
+    assert_eq!(out["text"], "Hello, ");
+    assert_eq!(
+        out["meta_info"]["finish_reason"],
+        json!({"type": "stop", "matched": "world"})
+    );
+    let (_, out) = generate(json!({"text": "x", "sampling_params":
+        {"stop": "world", "no_stop_trim": true}}))
+    .await;
+    assert_eq!(out["text"], "Hello, world");
+}
+
+#[tokio::test]
+async fn logprobs_are_triples_from_logprob_start_len() {
+    let body = json!({"text": "abcd", "model": "reference", "return_logprob": true,
+        "logprob_start_len": 2, "top_logprobs_num": 2, "return_text_in_logprobs": true,
+        "sampling_params": {"max_new_tokens": 3}});
+    let (status, out) = generate(body).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let meta = &out["meta_info"];
+    let close = |entry: &Value, logprob: f32, id: u32, text: &str| {
+        assert!(
+            (entry[0].as_f64().unwrap() - f64::from(logprob)).abs() < 1e-6,
+            "{entry}"
+        );
+        assert_eq!(
+            (&entry[1], &entry[2]),
+            (&json!(id), &json!(text)),
+            "{entry}"
+        );
+    };
+    close(&meta["output_token_logprobs"][1], logprob_of(1), 101, "e");
+    assert_eq!(meta["output_top_logprobs"][0][1][1], 73);
+    // Prompt positions 2 and 3 ("c", "d"), each scored after the tokens before it.
+    let input = meta["input_token_logprobs"].as_array().unwrap();
+    assert_eq!(input.len(), 2);
+    close(&input[0], prompt_logprob_of(1), 99, "c");
+    assert_eq!(meta["input_top_logprobs"].as_array().unwrap().len(), 2);
+    // From 0 the first prompt token is null: nothing came before it.
+    let (_, out) = generate(json!({"text": "abcd", "model": "reference",
+        "return_logprob": true, "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 1}}))
+    .await;
+    assert_eq!(
+        out["meta_info"]["input_token_logprobs"][0],
+        json!([null, 97, null])
+    );
+}
+
+#[tokio::test]
+async fn streamed_chunks_carry_the_text_so_far() {
+    let body = json!({"text": "x", "stream": true, "sampling_params": {"max_new_tokens": 12}});
+    let resp = send(app(&mock()), post("/generate", body.to_string())).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let data = sse_data(&text(resp).await);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks.len() > 1);
+    let mut previous = String::new();
+    for chunk in &chunks {
+        let so_far = chunk["text"].as_str().unwrap();
+        assert!(
+            so_far.starts_with(&previous),
+            "{so_far:?} after {previous:?}"
+        );
+        previous = so_far.to_string();
+        assert_eq!(chunk["index"], 0);
+    }
+    let last = chunks.last().unwrap();
+    assert_eq!(last["text"], SCRIPT[..12]);
+    assert_eq!(last["meta_info"]["completion_tokens"], 12);
+    assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
+    assert!(chunks[0]["meta_info"]["finish_reason"].is_null());
+}
+
+#[tokio::test]
+async fn bad_requests_name_the_field() {
+    for (body, param) in [
+        (json!({"text": "a", "input_ids": [1]}), "input_ids"),
+        (
+            json!({"text": "a", "sampling_params": {"max_new_token": 3}}),
+            "sampling_params",
+        ),
+        (
+            json!({"text": ["a", "b"], "sampling_params": [{}]}),
+            "sampling_params",
+        ),
+        (
+            json!({"text": "a", "sampling_params": [1]}),
+            "sampling_params",
+        ),
+        (json!({"text": "a", "image_data": "x.png"}), "image_data"),
+        (json!({"text": 5}), "text"),
+        (json!({"text": []}), "text"),
+    ] {
+        let (status, out) = generate(body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {out}");
+        assert_eq!(error_of(&out)["param"], param, "{body} -> {out}");
+    }
+    let (status, out) = generate(json!({"sampling_params": {}})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+    let (status, _) = generate(json!({"text": "a", "model": "nope"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
