@@ -10,7 +10,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokenrouter_api::{Backend, FinishReason, GenerateEvent, GenerateStream, TokenEvent};
-use tokenrouter_server::text::{ChoiceDecoder, Delta, Step};
+use tokenrouter_server::text::{ChoiceDecoder, Delta, Step, StopMatch};
 
 use crate::EngineError;
 use tokenrouter_server::sglang::InputLogprobs;
@@ -32,7 +32,8 @@ type Alternatives = Vec<(f32, u32)>;
 enum Poll {
     /// Nothing releasable yet (the slice ended or the token's text is held back).
     Pending,
-    Chunk(Delta, Option<&'static str>),
+    /// Released text; on the last chunk its finish reason and what stopped it.
+    Chunk(Delta, Option<&'static str>, Option<StopMatch>),
     Failed(String),
     Closed,
 }
@@ -113,14 +114,14 @@ impl Stream {
         let outcome = match event {
             Err(_elapsed) => return Poll::Pending,
             Ok(Some(GenerateEvent::Token(token))) => match live.decoder.push(token, decode) {
-                Ok(Step::Continue(Some(delta))) => return Poll::Chunk(delta, None),
+                Ok(Step::Continue(Some(delta))) => return Poll::Chunk(delta, None, None),
                 Ok(Step::Continue(None)) => return Poll::Pending,
-                Ok(Step::Stopped(delta)) => Poll::Chunk(delta, Some("stop")),
+                Ok(Step::Stopped(delta)) => Poll::Chunk(delta, Some("stop"), None),
                 Err(e) => Poll::Failed(e.to_string()),
             },
             Ok(Some(GenerateEvent::Finished { reason })) => match live.decoder.finish(decode) {
-                Ok((delta, true)) => Poll::Chunk(delta, Some("stop")),
-                Ok((delta, false)) => Poll::Chunk(delta, Some(reason_name(reason))),
+                Ok((delta, true)) => Poll::Chunk(delta, Some("stop"), None),
+                Ok((delta, false)) => Poll::Chunk(delta, Some(reason_name(reason)), None),
                 Err(e) => Poll::Failed(e.to_string()),
             },
             Ok(Some(GenerateEvent::Error(message))) => Poll::Failed(message),
@@ -132,11 +133,17 @@ impl Stream {
             }
             // The engine went away (shut down) without finishing the request.
             Ok(None) => match live.decoder.finish(decode) {
-                Ok((delta, _)) => Poll::Chunk(delta, Some("abort")),
+                Ok((delta, _)) => Poll::Chunk(delta, Some("abort"), None),
                 Err(e) => Poll::Failed(e.to_string()),
             },
         };
         // Finished one way or another: dropping the engine stream ends the request.
+        let outcome = match outcome {
+            Poll::Chunk(delta, Some("stop"), _) => {
+                Poll::Chunk(delta, Some("stop"), live.decoder.stopped_by().cloned())
+            }
+            other => other,
+        };
         *slot = None;
         outcome
     }
@@ -166,7 +173,7 @@ impl Stream {
                 }
                 Poll::Closed => return Ok(None),
                 Poll::Failed(message) => return Err(EngineError::new_err(message)),
-                Poll::Chunk(delta, finish) => {
+                Poll::Chunk(delta, finish, matched) => {
                     let chunk = PyDict::new(py);
                     let tokens = &delta.tokens;
                     chunk.set_item("text", delta.text.as_str())?;
@@ -183,6 +190,11 @@ impl Stream {
                         tokens.iter().map(|t| t.event.logprob).collect::<Vec<_>>(),
                     )?;
                     chunk.set_item("finish_reason", finish)?;
+                    match matched {
+                        Some(StopMatch::Text(text)) => chunk.set_item("matched", text)?,
+                        Some(StopMatch::Token(id)) => chunk.set_item("matched", id)?,
+                        None => chunk.set_item("matched", py.None())?,
+                    }
                     return Ok(Some(chunk));
                 }
             }

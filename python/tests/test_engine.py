@@ -208,6 +208,7 @@ def test_min_new_tokens_and_no_stop_trim(engine):
     cut = base.index(stop)
     out = engine.generate("hello world", dict(params, stop_token_ids=[stop]))
     assert out["output_ids"] == base[: cut + 1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     # The stop token's text is left out (SGLang trims it) unless no_stop_trim.
     assert out["text"] == engine.detokenize(base[:cut])
     kept = engine.generate("hello world", dict(params, stop_token_ids=[stop], no_stop_trim=True))

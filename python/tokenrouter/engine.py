@@ -229,19 +229,22 @@ class TokenRoutingEngine:
             raise
         return streams, single
 
-    def _finish(self, reason: str, s: "_native.Stream") -> Dict[str, Any]:
+    def _finish(self, reason: str, s: "_native.Stream", matched: Any = None) -> Dict[str, Any]:
         if reason == "length":
             return {"type": "length", "length": s.max_new_tokens}
+        if reason == "stop" and matched is not None:
+            # SGLang's: the stop string or stop token id that ended the output.
+            return {"type": "stop", "matched": matched}
         return {"type": reason}
 
-    def _meta(self, s: "_native.Stream", ids, sources, logprobs, reason) -> Dict[str, Any]:
+    def _meta(self, s: "_native.Stream", ids, sources, logprobs, reason, matched=None) -> Dict[str, Any]:
         by_model = {n: 0 for n in self._names}
         for src in sources:
             by_model[self._names[src]] += 1
         switches = sum(1 for a, b in zip(sources, sources[1:]) if a != b)
         meta: Dict[str, Any] = {
             "id": str(s.request_id),
-            "finish_reason": self._finish(reason or "abort", s),
+            "finish_reason": self._finish(reason or "abort", s, matched),
             "prompt_tokens": s.prompt_tokens,
             "completion_tokens": len(ids),
             "tokens_by_model": by_model,
@@ -257,7 +260,7 @@ class TokenRoutingEngine:
         return meta
 
     def _collect(self, s: "_native.Stream") -> Dict[str, Any]:
-        text, ids, sources, logprobs, reason = [], [], [], [], None
+        text, ids, sources, logprobs, reason, matched = [], [], [], [], None, None
         while True:
             chunk = s.next_chunk()
             if chunk is None:
@@ -267,10 +270,11 @@ class TokenRoutingEngine:
             sources += chunk["sources"]
             logprobs += chunk["logprobs"]
             reason = chunk["finish_reason"] or reason
+            matched = chunk["matched"] if chunk["finish_reason"] else matched
         return {
             "text": "".join(text),
             "output_ids": ids,
-            "meta_info": self._meta(s, ids, sources, logprobs, reason),
+            "meta_info": self._meta(s, ids, sources, logprobs, reason, matched),
         }
 
     def _delta(self, s, chunk, acc) -> Dict[str, Any]:
@@ -283,10 +287,10 @@ class TokenRoutingEngine:
             "text": chunk["text"],
             "token_ids": chunk["token_ids"],
             "sources": [self._names[i] for i in chunk["sources"]],
-            "finish_reason": self._finish(reason, s) if reason else None,
+            "finish_reason": self._finish(reason, s, chunk["matched"]) if reason else None,
         }
         if reason:
-            delta["meta_info"] = self._meta(s, ids, sources, logprobs, reason)
+            delta["meta_info"] = self._meta(s, ids, sources, logprobs, reason, chunk["matched"])
         return delta
 
     def _deltas(self, s: "_native.Stream") -> Iterator[Dict[str, Any]]:

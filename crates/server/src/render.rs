@@ -8,9 +8,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde_json::Value;
 use tokenrouter_api::{Backend, TokenEvent};
 
-use crate::choice::{Delta, OutToken};
+use crate::choice::{Delta, OutToken, StopMatch};
 use crate::echo::{Echo, EchoedPrompt};
 use crate::openai::response::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
@@ -28,6 +29,8 @@ pub struct SoFar {
     pub provenance: Option<Provenance>,
     /// The usage so far, shown with `continuous_usage_stats`.
     pub usage: Usage,
+    /// vLLM's `stop_reason` of a choice's last chunk (null on the others).
+    pub stop_reason: Value,
 }
 
 /// Which OpenAI endpoint shape to produce.
@@ -43,6 +46,8 @@ pub struct ChoiceOutput {
     pub text: String,
     pub tokens: Vec<OutToken>,
     pub finish_reason: Option<&'static str>,
+    /// vLLM's `stop_reason` (see [`ResponseContext::stop_reason`]).
+    pub stop_reason: Value,
     /// The prompt's scores, when `echo` with `logprobs` or `prompt_logprobs` asked for them.
     pub prompt_scores: Option<Vec<TokenEvent>>,
 }
@@ -62,6 +67,8 @@ pub struct ResponseContext {
     return_token_sources: bool,
     /// Logprob entries name tokens `token_id:{id}`.
     tokens_as_ids: bool,
+    /// The request's `stop_token_ids` (what `stop_reason` names; an EOS it does not).
+    stop_token_ids: Vec<u32>,
     pub include_usage: bool,
     /// Usage so far on every chunk (`continuous_usage_stats`).
     pub continuous_usage: bool,
@@ -94,6 +101,7 @@ impl ResponseContext {
             prompt_logprobs: plan.shown_prompt_logprobs,
             return_token_sources: plan.return_token_sources,
             tokens_as_ids: plan.tokens_as_ids,
+            stop_token_ids: plan.stop_token_ids.clone(),
             include_usage: plan.include_usage,
             continuous_usage: plan.continuous_usage,
             echo: None,
@@ -115,6 +123,16 @@ impl ResponseContext {
     /// Whether choices show their prompt alone (`echo` with `max_tokens: 0`).
     pub fn prompt_only(&self) -> bool {
         self.echo.as_ref().is_some_and(|e| e.prompt_only)
+    }
+
+    /// vLLM's `stop_reason`: the stop string that ended a choice, or the id of its
+    /// `stop_token_ids` that did; null for an EOS, `max_tokens` or no stop.
+    pub fn stop_reason(&self, stopped_by: Option<&StopMatch>) -> Value {
+        match stopped_by {
+            Some(StopMatch::Text(text)) => Value::from(text.as_str()),
+            Some(StopMatch::Token(id)) if self.stop_token_ids.contains(id) => Value::from(*id),
+            _ => Value::Null,
+        }
     }
 
     fn source(&self, index: usize) -> String {
@@ -273,6 +291,7 @@ impl ResponseContext {
             text: prompt.text.clone(),
             logprobs: self.prompt_logprobs(prompt, scores),
             finish_reason: None,
+            stop_reason: Value::Null,
             prompt_logprobs: None,
             ext: ChoiceExtension::default(),
         };
@@ -332,6 +351,7 @@ impl ResponseContext {
                             logprobs: self.chat_logprobs(&out.tokens),
                             ext: self.extension(&out.tokens, &out.text),
                             finish_reason: tool_finish(out.finish_reason, !tool_calls.is_empty()),
+                            stop_reason: out.stop_reason.clone(),
                             message: AssistantMessage {
                                 role: "assistant",
                                 content,
@@ -366,6 +386,7 @@ impl ResponseContext {
                             ext,
                             text,
                             finish_reason: out.finish_reason,
+                            stop_reason: out.stop_reason.clone(),
                             prompt_logprobs: self.vllm_prompt_logprobs(&out),
                         }
                     })
@@ -389,7 +410,11 @@ impl ResponseContext {
         finish: Option<&'static str>,
         so_far: SoFar,
     ) -> String {
-        let SoFar { provenance, usage } = so_far;
+        let SoFar {
+            provenance,
+            usage,
+            stop_reason,
+        } = so_far;
         let usage = self
             .include_usage
             .then(|| self.continuous_usage.then_some(usage));
@@ -421,6 +446,7 @@ impl ResponseContext {
                         },
                         logprobs: self.chat_logprobs(&delta.tokens),
                         finish_reason: finish,
+                        stop_reason,
                         ext: self.extension(&delta.tokens, &delta.text),
                     }],
                     usage,
@@ -436,6 +462,7 @@ impl ResponseContext {
                         self.echoed(index).map_or(0, |p| p.chars()),
                     ),
                     finish_reason: finish,
+                    stop_reason,
                     prompt_logprobs: None,
                     ext: self.extension(&delta.tokens, &delta.text),
                 };

@@ -56,8 +56,13 @@ async fn collect(ctx: ResponseContext, mut generation: Generation) -> Result<Res
                 index,
                 delta,
                 reason,
-                ..
-            } => (index, delta, Some(reason)),
+                stopped_by,
+            } => {
+                if let Some(out) = outputs.get_mut(index) {
+                    out.stop_reason = ctx.stop_reason(stopped_by.as_ref());
+                }
+                (index, delta, Some(reason))
+            }
             ChoiceUpdate::Failed(err) => return Err(err),
         };
         // The prompt alone: the generated token is dropped, and not counted.

@@ -71,6 +71,7 @@ impl SseState {
             return None;
         }
         let update = self.generation.next().await;
+        let mut stop_reason = serde_json::Value::Null;
         let (index, mut delta, reason) = match update {
             Some(ChoiceUpdate::Prompt { index, scores }) => {
                 return Some(self.echo_events(index, Some(&scores)));
@@ -80,8 +81,11 @@ impl SseState {
                 index,
                 delta,
                 reason,
-                ..
-            }) => (index, delta, Some(reason)),
+                stopped_by,
+            }) => {
+                stop_reason = self.ctx.stop_reason(stopped_by.as_ref());
+                (index, delta, Some(reason))
+            }
             Some(ChoiceUpdate::Failed(err)) => {
                 self.done = true;
                 let body = serde_json::to_string(&err.body()).unwrap_or_default();
@@ -155,6 +159,7 @@ impl SseState {
                 self.generation.prompt_tokens,
                 self.provenance.completion_tokens(),
             ),
+            stop_reason,
         };
         let chunk = self.ctx.chunk(index, first, &delta, shown, reason, so_far);
         events.push(Event::default().data(chunk));

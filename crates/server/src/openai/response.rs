@@ -79,6 +79,8 @@ pub struct ChatChoice {
     pub message: AssistantMessage,
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// vLLM's: the stop string or `stop_token_ids` id that ended the choice (null otherwise).
+    pub stop_reason: serde_json::Value,
     #[serde(flatten)]
     pub ext: ChoiceExtension,
 }
@@ -117,6 +119,7 @@ pub struct ChatChunkChoice {
     pub delta: ChatDelta,
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
+    pub stop_reason: serde_json::Value,
     #[serde(flatten)]
     pub ext: ChoiceExtension,
 }
@@ -179,6 +182,8 @@ pub struct CompletionChoice {
     pub text: String,
     pub logprobs: Option<LegacyLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// vLLM's: the stop string or `stop_token_ids` id that ended the choice (null otherwise).
+    pub stop_reason: serde_json::Value,
     /// vLLM's, when asked (see `prompt_logprobs.rs`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_logprobs: Option<PromptLogprobs>,

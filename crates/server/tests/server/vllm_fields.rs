@@ -220,3 +220,41 @@ async fn tokens_as_token_ids_in_logprobs() {
         json!(["token_id:72", "token_id:101"])
     );
 }
+
+/// vLLM's `stop_reason`: the stop string or `stop_token_ids` id that ended a choice; null
+/// for the EOS and for `max_tokens`; on the streamed finish chunk too.
+#[tokio::test]
+async fn stop_reason_names_what_stopped() {
+    let m = mock();
+    let reason = |body: &Value| body["choices"][0]["stop_reason"].clone();
+    let (_, body) = complete(&m, json!({"stop": ["zz", "o"]})).await;
+    assert_eq!(reason(&body), json!("o"));
+    let (_, body) = complete(&m, json!({"stop_token_ids": [44]})).await;
+    assert_eq!(reason(&body), json!(44));
+    let (_, body) = complete(&m, json!({})).await;
+    assert_eq!(
+        (reason(&body), &body["choices"][0]["finish_reason"]),
+        (Value::Null, &json!("stop"))
+    );
+    let (_, body) = complete(&m, json!({"max_tokens": 3})).await;
+    assert_eq!(reason(&body), Value::Null);
+    let (_, body) = post_json(
+        app(&m),
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "stop": "world"}),
+    )
+    .await;
+    assert_eq!(reason(&body), json!("world"));
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        let body = json!({"model": "quick", "prompt": "x", "messages": [{"role": "user", "content": "hi"}],
+            "stop": "world", "stream": true});
+        let chunks = stream_chunks(app(&m), path, body).await;
+        let last = chunks
+            .iter()
+            .rev()
+            .find(|c| !c["choices"][0]["finish_reason"].is_null())
+            .unwrap();
+        assert_eq!(last["choices"][0]["stop_reason"], "world", "{path}");
+        assert!(chunks[0]["choices"][0]["stop_reason"].is_null());
+    }
+}
