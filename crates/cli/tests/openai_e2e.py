@@ -334,6 +334,23 @@ class Suite:
         check([b["meta_info"]["completion_tokens"] for b in batch] == [12, 4], batch)
         check(all(len(b["meta_info"]["output_token_logprobs"]) == len(b["output_ids"]) for b in batch), batch)
 
+    def test_responses_api(self):
+        # OpenAI's Responses API on the real engine: the same answer as the chat request it
+        # amounts to (same template, seed and bias), whole and streamed.
+        same = dict(temperature=0, extra_body={"logit_bias": LETTERS, "seed": 5})
+        chat = self.client.chat.completions.create(
+            model=ROUTED, messages=[{"role": "system", "content": "Be brief."},
+                                    {"role": "user", "content": "Say hello."}], max_tokens=16, **same)
+        r = self.client.responses.create(model=ROUTED, instructions="Be brief.", input="Say hello.",
+                                         max_output_tokens=16, **same)
+        check(r.output_text == chat.choices[0].message.content, (r.output_text, chat.choices[0].message.content))
+        check(r.usage.output_tokens == chat.usage.completion_tokens, (r.usage, chat.usage))
+        check(r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed"), r.status)
+        events = list(self.client.responses.create(model=ROUTED, instructions="Be brief.", input="Say hello.",
+                                                   max_output_tokens=16, stream=True, **same))
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        check(text == r.output_text, (text, r.output_text))
+
     def test_n2(self):
         r = self.chat(max_tokens=12, n=2, temperature=1.0, seed=5)
         check([c.index for c in r.choices] == [0, 1], r.choices)

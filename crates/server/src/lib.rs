@@ -28,6 +28,7 @@ mod provenance;
 mod reasoning;
 mod render;
 mod respond;
+mod responses;
 mod routes;
 pub mod sglang;
 mod shutdown;

@@ -24,16 +24,26 @@ pub async fn respond(
     arrival: Instant,
     echo: Option<Echo>,
 ) -> Result<Response, ApiError> {
-    if !plan.bad_words.is_empty() {
-        plan.tokenize_bad_words(state.backend.as_ref())?;
-    }
-    let generation = Generation::start(state, &plan, &prompts, arrival)?;
+    let generation = start(state, &mut plan, &prompts, arrival)?;
     let ctx = ResponseContext::new(kind, state.backend.clone(), &plan).with_echo(echo);
     if plan.stream {
         Ok(streaming::sse_response(ctx, generation))
     } else {
         collect(ctx, generation).await
     }
+}
+
+/// Submits `plan` on `prompts` (its `bad_words` tokenized first).
+pub fn start(
+    state: &AppState,
+    plan: &mut GenerationPlan,
+    prompts: &[Vec<u32>],
+    arrival: Instant,
+) -> Result<Generation, ApiError> {
+    if !plan.bad_words.is_empty() {
+        plan.tokenize_bad_words(state.backend.as_ref())?;
+    }
+    Generation::start(state, plan, prompts, arrival)
 }
 
 /// Waits for every choice; any failure fails the whole request (the other choices are

@@ -22,6 +22,8 @@ import urllib.request
 import openai
 
 ROUTED = "tokenrouter"
+# What the mock backend writes (crates/server/tests/server/mock.rs).
+SCRIPT = "Hello, world! The answer is 42. é日本🙂 END of story."
 
 
 def check(cond, message):
@@ -170,6 +172,49 @@ class Suite:
         r = self.chat(messages=messages, tools=tools, max_tokens=16)
         check(r.choices[0].message.content and not r.choices[0].message.tool_calls, r.choices[0])
         check(r.choices[0].finish_reason in ("stop", "length"), r.choices[0].finish_reason)
+
+    def test_responses_api(self):
+        # OpenAI's Responses API through the official client: whole, streamed (raw events and
+        # the client's accumulating helper), tool calls as function_call items.
+        r = self.client.responses.create(model="tokenrouter", input="Say hello.",
+                                         instructions="Be brief.", max_output_tokens=64)
+        check(r.status == "completed" and r.output_text == SCRIPT, r)
+        check(r.usage.output_tokens >= len(SCRIPT.encode()) and r.usage.input_tokens > 0, r.usage)
+        cut = self.client.responses.create(model="tokenrouter", input="x", max_output_tokens=5)
+        check(cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens", cut)
+        check(cut.output_text == SCRIPT[:5], cut.output_text)
+        events = list(self.client.responses.create(model="tokenrouter", input="Say hello.",
+                                                   max_output_tokens=64, stream=True))
+        kinds = [e.type for e in events]
+        check(kinds[:2] == ["response.created", "response.in_progress"], kinds)
+        check(kinds[-1] == "response.completed", kinds)
+        check([e.sequence_number for e in events] == list(range(len(events))), kinds)
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        check(text == SCRIPT == events[-1].response.output_text, text)
+        with self.client.responses.stream(model="tokenrouter", input="Say hello.",
+                                          max_output_tokens=64) as stream:
+            for _ in stream:
+                pass
+            final = stream.get_final_response()
+        check(final.output_text == SCRIPT, final)
+        tools = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+        r = self.client.responses.create(model="tokenrouter", input="Weather in Paris?",
+                                         tools=tools, max_output_tokens=128)
+        calls = [o for o in r.output if o.type == "function_call"]
+        check(len(calls) == 1 and calls[0].name == "get_weather", r.output)
+        check(json.loads(calls[0].arguments) == {"city": "Paris"}, calls[0].arguments)
+        # The result goes back as items; the mock answers in text once a tool answered.
+        follow = self.client.responses.create(model="tokenrouter", tools=tools, max_output_tokens=64, input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather",
+             "arguments": calls[0].arguments},
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}])
+        check(follow.output_text == SCRIPT, follow.output)
+        streamed = list(self.client.responses.create(model="tokenrouter", input="Weather in Paris?",
+                                                     tools=tools, max_output_tokens=128, stream=True))
+        args = "".join(e.delta for e in streamed if e.type == "response.function_call_arguments.delta")
+        check(json.loads(args) == {"city": "Paris"}, args)
 
     def test_errors(self):
         def expect(exc, fn):

@@ -25,8 +25,19 @@ pub async fn chat_completions(
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
-    let common: CommonFields = parse_value(&body)?;
-    let chat: ChatFields = parse_value(&body)?;
+    let (plan, ids) = prepare(&state, &body).await?;
+    respond(&state, plan, Kind::Chat, vec![ids], arrival, None).await
+}
+
+/// A chat request's plan and prompt ids: its fields checked, its messages rendered by the
+/// chat template and tokenized (also the Responses API's path, `responses.rs`, which
+/// speaks in chat requests).
+pub(crate) async fn prepare(
+    state: &AppState,
+    body: &Value,
+) -> Result<(GenerationPlan, Vec<u32>), ApiError> {
+    let common: CommonFields = parse_value(body)?;
+    let chat: ChatFields = parse_value(body)?;
     let model = state.resolve_model(common.model.as_deref())?;
     state.check_ready()?;
     let max_tokens = match (chat.max_completion_tokens, common.max_tokens) {
@@ -37,7 +48,7 @@ pub async fn chat_completions(
     let logprobs = chat_logprobs(chat.logprobs, chat.top_logprobs, &state.config)?;
     let shown_prompt_logprobs = common.prompt_logprobs;
     let mut plan = GenerationPlan::new(common, model, max_tokens, logprobs, &state.config)?;
-    prompt_logprobs::ask(&mut plan, shown_prompt_logprobs, &state)?;
+    prompt_logprobs::ask(&mut plan, shown_prompt_logprobs, state)?;
     let tool_use = ToolUse::new(
         chat.tools,
         chat.tool_choice.as_ref(),
@@ -89,7 +100,7 @@ pub async fn chat_completions(
     plan.reasoning = reasoning;
     let mut ids = ids;
     plan.truncate_prompt(&mut ids, plan.model.context_length);
-    respond(&state, plan, Kind::Chat, vec![ids], arrival, None).await
+    Ok((plan, ids))
 }
 
 /// How a rendered conversation ends: with the assistant's turn opened

@@ -5,6 +5,7 @@ pub mod completions;
 pub mod generate;
 pub mod misc;
 pub mod models;
+pub mod responses;
 pub mod tokenize;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
@@ -20,6 +21,7 @@ pub fn build(state: AppState) -> Router {
     let app = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{id}", get(models::get_model))
         .route("/health", get(misc::health))

@@ -11,6 +11,7 @@ mod generate;
 mod mock;
 mod openai_client;
 mod reasoning;
+mod responses;
 mod shutdown;
 mod streaming;
 mod structured;

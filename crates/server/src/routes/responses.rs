@@ -1,0 +1,318 @@
+//! `POST /v1/responses`, OpenAI's Responses API (as vLLM serves it, without stored
+//! responses): the request is read as the chat request it amounts to — `instructions` a
+//! system message; `input` a string or items (messages with `input_text` / `output_text`
+//! parts, earlier `function_call`s and their `function_call_output`s); flat function `tools`;
+//! `text.format` as `response_format`; `max_output_tokens` — and answered as a response
+//! object (`crate::responses`), whole or as its stream of typed events. The chat fields we
+//! take beyond OpenAI's (sampling extras, `routing`, `return_token_sources`) pass through.
+
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::response::Response;
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::respond;
+use crate::responses::{self, Echoed};
+use crate::routes::chat;
+use crate::state::AppState;
+
+/// Fields of a Responses request with no chat counterpart: answered for, then left out.
+const RESPONSES_ONLY: &[&str] = &[
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "text",
+    "max_output_tokens",
+    "reasoning",
+    "previous_response_id",
+    "store",
+    "metadata",
+    "include",
+    "truncation",
+    "parallel_tool_calls",
+    "user",
+    "background",
+    "top_logprobs",
+    "n",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "response_format",
+];
+
+pub async fn responses(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
+    let Value::Object(fields) = body else {
+        return Err(ApiError::invalid(
+            "input",
+            "the request body must be a JSON object",
+        ));
+    };
+    if fields
+        .get("previous_response_id")
+        .is_some_and(|v| !v.is_null())
+    {
+        return Err(ApiError::invalid(
+            "previous_response_id",
+            "responses are not stored here: send the whole conversation in `input`",
+        ));
+    }
+    if fields.get("background") == Some(&Value::Bool(true)) {
+        return Err(ApiError::invalid(
+            "background",
+            "background responses are not supported",
+        ));
+    }
+    let chat_body = chat_request(&fields)?;
+    let (mut plan, ids) = chat::prepare(&state, &chat_body)
+        .await
+        .map_err(responses_param)?;
+    let echoed = Echoed::of(&fields, &plan);
+    let generation = respond::start(&state, &mut plan, &[ids], arrival)?;
+    let answer = responses::Answer::new(&state, &plan, echoed, generation);
+    if plan.stream {
+        Ok(answer.stream())
+    } else {
+        answer.whole().await
+    }
+}
+
+/// A refusal of the chat request, naming the Responses field the client sent.
+fn responses_param(error: ApiError) -> ApiError {
+    match error {
+        ApiError::InvalidParam { param, message } => {
+            let param = match param.as_str() {
+                "max_tokens" => "max_output_tokens".to_string(),
+                p if p.starts_with("messages") => "input".to_string(),
+                p => match p.strip_prefix("response_format") {
+                    Some(rest) => {
+                        let rest = rest.strip_prefix(".json_schema").unwrap_or(rest);
+                        format!("text.format{rest}")
+                    }
+                    None => param,
+                },
+            };
+            ApiError::InvalidParam { param, message }
+        }
+        other => other,
+    }
+}
+
+/// The chat request a Responses request amounts to.
+fn chat_request(fields: &Map<String, Value>) -> Result<Value, ApiError> {
+    let mut chat: Map<String, Value> = fields
+        .iter()
+        .filter(|(k, _)| !RESPONSES_ONLY.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut messages = Vec::new();
+    match fields.get("instructions") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) => messages.push(json!({"role": "system", "content": text})),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "instructions",
+                "`instructions` must be a string",
+            ))
+        }
+    }
+    match fields.get("input") {
+        Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                input_item(i, item, &mut messages)?;
+            }
+        }
+        None | Some(Value::Null) => return Err(ApiError::MissingField("input".into())),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "input",
+                "`input` must be a string or a list of items",
+            ))
+        }
+    }
+    chat.insert("messages".into(), Value::Array(messages));
+    if let Some(max) = fields.get("max_output_tokens").filter(|v| !v.is_null()) {
+        chat.insert("max_tokens".into(), max.clone());
+    }
+    if let Some(tools) = fields.get("tools").filter(|v| !v.is_null()) {
+        chat.insert("tools".into(), chat_tools(tools)?);
+    }
+    if let Some(choice) = fields.get("tool_choice").filter(|v| !v.is_null()) {
+        chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
+    }
+    if let Some(format) = fields.get("text").and_then(|t| t.get("format")) {
+        if let Some(response_format) = chat_response_format(format)? {
+            chat.insert("response_format".into(), response_format);
+        }
+    }
+    Ok(Value::Object(chat))
+}
+
+/// One `input` item appended as chat messages (consecutive function calls join one
+/// assistant message, as a chat client sends them).
+fn input_item(i: usize, item: &Value, messages: &mut Vec<Value>) -> Result<(), ApiError> {
+    let field = |name: &str| format!("input[{i}].{name}");
+    let kind = item.get("type").and_then(Value::as_str);
+    let text_of = |name: &str| -> Result<String, ApiError> {
+        match item.get(name) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            _ => Err(ApiError::invalid(
+                field(name),
+                format!("`{}` must be a string", field(name)),
+            )),
+        }
+    };
+    match kind {
+        None | Some("message") => {
+            let role = item
+                .get("role")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::invalid(field("role"), "a message item needs a `role`"))?;
+            let content = message_content(i, item.get("content"))?;
+            messages.push(json!({"role": role, "content": content}));
+        }
+        Some("function_call") => {
+            let call = json!({"id": text_of("call_id")?, "type": "function",
+                "function": {"name": text_of("name")?, "arguments": text_of("arguments")?}});
+            let joined = messages.last_mut().filter(|m| {
+                m["role"] == "assistant" && m.get("tool_calls").is_some() && m["content"].is_null()
+            });
+            match joined {
+                Some(last) => {
+                    if let Some(calls) = last["tool_calls"].as_array_mut() {
+                        calls.push(call);
+                    }
+                }
+                None => messages
+                    .push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+            }
+        }
+        Some("function_call_output") => {
+            let output = match item.get("output") {
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            };
+            messages.push(json!({"role": "tool", "tool_call_id": text_of("call_id")?,
+                "content": output}));
+        }
+        // Earlier reasoning is not shown to the template again (as chat clients drop it).
+        Some("reasoning") => {}
+        Some(other) => {
+            return Err(ApiError::invalid(
+                field("type"),
+                format!(
+                    "input items of type `{}` are not supported (message, function_call, \
+                     function_call_output)",
+                    crate::error::truncate_for_echo(other)
+                ),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// A message item's content as chat text parts: a string, or `input_text` / `output_text`
+/// parts (images and files are refused, naming the part).
+fn message_content(i: usize, content: Option<&Value>) -> Result<Value, ApiError> {
+    match content {
+        Some(Value::String(s)) => Ok(Value::String(s.clone())),
+        Some(Value::Array(parts)) => {
+            let mut out = Vec::new();
+            for (j, part) in parts.iter().enumerate() {
+                let kind = part.get("type").and_then(Value::as_str).unwrap_or_default();
+                match (kind, part.get("text")) {
+                    ("input_text" | "output_text" | "text", Some(Value::String(text))) => {
+                        out.push(json!({"type": "text", "text": text}))
+                    }
+                    _ => {
+                        return Err(ApiError::invalid(
+                            format!("input[{i}].content[{j}]"),
+                            format!(
+                                "only text content parts are supported, got type {:?}",
+                                crate::error::truncate_for_echo(kind)
+                            ),
+                        ))
+                    }
+                }
+            }
+            Ok(Value::Array(out))
+        }
+        _ => Err(ApiError::invalid(
+            format!("input[{i}].content"),
+            "a message's content must be a string or a list of parts",
+        )),
+    }
+}
+
+/// Flat function tools (`{"type": "function", "name", "description", "parameters"}`) as
+/// chat's nested ones; other tool types are refused.
+fn chat_tools(tools: &Value) -> Result<Value, ApiError> {
+    let Value::Array(tools) = tools else {
+        return Err(ApiError::invalid("tools", "`tools` must be a list"));
+    };
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| match tool.get("type").and_then(Value::as_str) {
+            Some("function") => {
+                let mut function = Map::new();
+                for key in ["name", "description", "parameters", "strict"] {
+                    if let Some(v) = tool.get(key) {
+                        function.insert(key.into(), v.clone());
+                    }
+                }
+                Ok(json!({"type": "function", "function": function}))
+            }
+            other => Err(ApiError::invalid(
+                format!("tools[{i}].type"),
+                format!(
+                    "only function tools are supported, got {:?}",
+                    other.map(crate::error::truncate_for_echo)
+                ),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
+}
+
+/// `tool_choice`: the strings pass; `{"type": "function", "name"}` becomes chat's shape.
+fn chat_tool_choice(choice: &Value) -> Result<Value, ApiError> {
+    match choice {
+        Value::String(_) => Ok(choice.clone()),
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            Ok(json!({"type": "function", "function": {"name": o.get("name")}}))
+        }
+        _ => Err(ApiError::invalid(
+            "tool_choice",
+            "`tool_choice` must be \"auto\", \"none\", \"required\" or a function",
+        )),
+    }
+}
+
+/// `text.format` as chat's `response_format` (`None` for plain text).
+fn chat_response_format(format: &Value) -> Result<Option<Value>, ApiError> {
+    match format.get("type").and_then(Value::as_str) {
+        None | Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
+        Some("json_schema") => Ok(Some(json!({"type": "json_schema", "json_schema": {
+            "name": format.get("name"), "schema": format.get("schema"),
+            "strict": format.get("strict")}}))),
+        Some(other) => Err(ApiError::invalid(
+            "text.format.type",
+            format!(
+                "unknown format `{}` (text, json_object, json_schema)",
+                crate::error::truncate_for_echo(other)
+            ),
+        )),
+    }
+}
