@@ -2,7 +2,8 @@
 """Structured output on the GPU machine: the Qwen3-0.6B shape with random bf16 weights
 (config/shapes/qwen3-0.6b.json, the synthetic tokenizer padded to 151,936 ids) served alone
 by `tokenrouter serve`, loaded by `tokenrouter bench` (closed loop, greedy, EOS ignored)
-free and under constraints (`json_object`, a JSON schema, a regex), at several
+free and under constraints (`json_object`, a JSON schema, a regex, and vLLM's token
+restrictions `min_tokens` / `bad_words`), at several
 concurrencies, with the masks applied on the device (default) and on the host
 (`TOKENROUTER_DEVICE_MASKS=0`: the step's logits all come to the host). Before timing, each
 server answers one schema and one regex request whose text is checked.
@@ -32,6 +33,9 @@ CONSTRAINTS = {
     "json_object": {"response_format": {"type": "json_object"}},
     "schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA}}},
     "regex": {"guided_regex": REGEX},
+    # vLLM's token restrictions: the same masks without a grammar (a stop id held back by
+    # min_tokens, bad words masked at every step).
+    "restricted": {"min_tokens": 96, "stop_token_ids": [11], "bad_words": ["def", " return", "import"]},
 }
 MODES = {"device": "1", "host": "0"}
 

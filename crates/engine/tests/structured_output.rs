@@ -33,20 +33,6 @@ async fn answer(e: &Engine, req: GenerateRequest) -> (String, Vec<usize>, Finish
     (text, sources, reason)
 }
 
-/// The tiny pair routing at random (p = 0.5): both models write most answers.
-fn routed_pair() -> (Pair, Engine) {
-    let p = pair();
-    let e = start(config(
-        &p,
-        "random",
-        "{p: 0.5, seed: 3}",
-        "random",
-        "",
-        "async",
-    ));
-    (p, e)
-}
-
 fn constrained(salt: u32, constraint: OutputConstraint, temperature: f32) -> GenerateRequest {
     GenerateRequest {
         sampling: SamplingParams {

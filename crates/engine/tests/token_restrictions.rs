@@ -47,15 +47,7 @@ fn variants(salt: u32, sampling: SamplingParams) -> Vec<GenerateRequest> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restrictions_hold_whichever_model_writes() {
-    let p = pair();
-    let e = start(config(
-        &p,
-        "random",
-        "{p: 0.5, seed: 3}",
-        "random",
-        "",
-        "async",
-    ));
+    let (_pair, e) = routed_pair();
     let mut both_models = 0;
     for salt in 0..4u32 {
         // A stop id the models are pushed to write at once: without min_tokens the answer

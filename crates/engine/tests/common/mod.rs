@@ -59,6 +59,20 @@ pub fn config_file(
     file
 }
 
+/// The tiny pair routing at random (p = 0.5): both models write most answers.
+pub fn routed_pair() -> (Pair, Engine) {
+    let p = pair();
+    let e = start(config(
+        &p,
+        "random",
+        "{p: 0.5, seed: 3}",
+        "random",
+        "",
+        "async",
+    ));
+    (p, e)
+}
+
 pub fn start(cfg: EngineConfig) -> Engine {
     let e = Engine::start(cfg).unwrap();
     e.wait_ready(Duration::from_secs(60)).unwrap();
