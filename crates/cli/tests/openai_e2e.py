@@ -523,6 +523,17 @@ class Suite:
             check(resp.status == 200, resp.status)
         with urllib.request.urlopen(self.root + "/version", timeout=10) as resp:
             check(json.loads(resp.read())["name"] == "tokenrouter", "version")
+        # SGLang's probes: a token from each model, and the model info.
+        for path in ("/health_generate", "/get_model_info"):
+            req = urllib.request.Request(self.root + path)
+            if self.api_key:
+                req.add_header("Authorization", f"Bearer {self.api_key}")
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                body = json.loads(resp.read())
+            if path == "/health_generate":
+                check(body["status"] == "ok" and set(body["seconds"]) == {"quick", "reference"}, body)
+            else:
+                check(body["is_generation"] and len(body["models"]) == 2, body)
 
 
 def main():

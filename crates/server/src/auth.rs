@@ -1,6 +1,7 @@
-//! API-key check for `/v1/*` and SGLang's `/generate` (every route that generates) when a
-//! key is configured (`Authorization: Bearer <key>`); health, metrics, version and tokenize
-//! stay open, as in vLLM.
+//! API-key check for `/v1/*` and SGLang's `/generate`, `/health_generate` and
+//! `/get_model_info` (every route that generates or names the models) when a key is
+//! configured (`Authorization: Bearer <key>`); health, metrics, version and tokenize stay
+//! open, as in vLLM.
 
 use axum::extract::{Request, State};
 use axum::http::header;
@@ -13,7 +14,8 @@ use crate::state::AppState;
 pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(key) = state.config.api_key.as_deref() {
         let path = req.uri().path();
-        if path == "/v1" || path.starts_with("/v1/") || path == "/generate" {
+        let guarded = ["/generate", "/health_generate", "/get_model_info"];
+        if path == "/v1" || path.starts_with("/v1/") || guarded.contains(&path) {
             let given = req
                 .headers()
                 .get(header::AUTHORIZATION)

@@ -1,5 +1,6 @@
 //! Operational endpoints: `/health` (503 until the backend is ready and while shutting
-//! down), `/metrics` (engine exposition followed by the server's own), `/version`, and the
+//! down), SGLang's `/health_generate` (a token from every model) and `/get_model_info`,
+//! `/metrics` (engine exposition followed by the server's own), `/version`, and the
 //! OpenAI-shaped 404 for unknown routes.
 
 use axum::extract::State;
@@ -7,6 +8,7 @@ use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
+use tokenrouter_api::{GenerateEvent, GenerateRequest, SamplingParams, SubmitError};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -34,6 +36,84 @@ pub async fn health(State(state): State<AppState>) -> Response {
         (StatusCode::OK, "ok")
     };
     (status, Json(json!({ "status": word }))).into_response()
+}
+
+/// How long `/health_generate` waits for its tokens.
+const HEALTH_GENERATE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// SGLang's `/health_generate`: one token from each model, pinned to it, so a sub-server
+/// that is alive but stuck fails the probe; 200 with each model's seconds, else 503 naming
+/// what failed. It goes through admission like any request (a full queue is a 503).
+pub async fn health_generate(State(state): State<AppState>) -> Result<Response, ApiError> {
+    state.check_ready()?;
+    state.check_accepting()?;
+    let prompt = state.backend.encode("ping")?;
+    let names: Vec<String> = state.backend.models().into_iter().map(|m| m.name).collect();
+    let requests = (0..names.len())
+        .map(|m| GenerateRequest {
+            prompt_ids: prompt.clone(),
+            sampling: SamplingParams::greedy(),
+            max_tokens: Some(1),
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+            pinned_model: Some(m),
+            top_logprobs: 0,
+            routing: Default::default(),
+            prompt_logprobs: None,
+            constraint: None,
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let streams = state.backend.submit_all(requests)?;
+    let mut seconds = serde_json::Map::new();
+    for (mut stream, name) in streams.into_iter().zip(names) {
+        let finished = tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, async {
+            loop {
+                match stream.events.recv().await {
+                    Some(GenerateEvent::Finished { .. }) => return Ok(()),
+                    Some(GenerateEvent::Error(e)) => return Err(e),
+                    None => return Err("the request ended without finishing".to_string()),
+                    Some(_) => {}
+                }
+            }
+        })
+        .await;
+        match finished {
+            Ok(Ok(())) => {
+                seconds.insert(name, json!(started.elapsed().as_secs_f64()));
+            }
+            Ok(Err(why)) => {
+                return Err(ApiError::from(SubmitError::NotReady(format!(
+                    "model `{name}` failed to generate: {why}"
+                ))))
+            }
+            Err(_) => {
+                return Err(ApiError::from(SubmitError::NotReady(format!(
+                    "model `{name}` wrote no token within {} s",
+                    HEALTH_GENERATE_TIMEOUT.as_secs()
+                ))))
+            }
+        }
+    }
+    Ok(Json(json!({"status": "ok", "seconds": seconds})).into_response())
+}
+
+/// SGLang's `/get_model_info`: the entry model's path (the pair shares its tokenizer), and
+/// every model of the pair.
+pub async fn model_info(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let models = state.backend.models();
+    let path = models.first().map(|m| m.source.clone()).unwrap_or_default();
+    Json(json!({
+        "model_path": path,
+        "tokenizer_path": path,
+        "is_generation": true,
+        "preferred_sampling_params": null,
+        "weight_version": "default",
+        "has_image_understanding": false,
+        "has_audio_understanding": false,
+        "served_model_name": state.config.served_model_name,
+        "models": models,
+    }))
 }
 
 pub async fn metrics(State(state): State<AppState>) -> Response {

@@ -25,6 +25,8 @@ pub fn build(state: AppState) -> Router {
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{id}", get(models::get_model))
         .route("/health", get(misc::health))
+        .route("/health_generate", get(misc::health_generate))
+        .route("/get_model_info", get(misc::model_info))
         .route("/metrics", get(misc::metrics))
         .route("/version", get(misc::version))
         .route("/generate", post(generate::generate))

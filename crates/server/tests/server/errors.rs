@@ -246,6 +246,13 @@ async fn api_key_guards_v1_and_generate_only() {
             .status(),
         StatusCode::OK
     );
+    for guarded in ["/health_generate", "/get_model_info"] {
+        assert_eq!(
+            send(app.clone(), get(guarded)).await.status(),
+            StatusCode::UNAUTHORIZED,
+            "{guarded}"
+        );
+    }
     for open in ["/health", "/metrics", "/version"] {
         assert_eq!(
             send(app.clone(), get(open)).await.status(),

@@ -29,6 +29,8 @@ const PATHS: &[&str] = &[
     "/detokenize",
     "/generate",
     "/v1/responses",
+    "/health_generate",
+    "/get_model_info",
     "/v1/chat/completions/",
     "/v2/x",
     "/",

@@ -1,12 +1,13 @@
 //! SGLang's native `POST /generate` over the mock: one prompt or a batch, text or ids, one
 //! `sampling_params` or one per prompt, `meta_info` (finish reason with what matched,
-//! counts, provenance, log-probabilities), streaming of the text so far, and its errors.
+//! counts, provenance, log-probabilities), streaming of the text so far, and its errors;
+//! SGLang's `/health_generate` and `/get_model_info`.
 
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
-use crate::common::{app, error_of, mock, post, post_json, send, sse_data, text};
-use crate::mock::{logprob_of, prompt_logprob_of, EOS};
+use crate::common::{app, error_of, get, mock, post, post_json, send, sse_data, text};
+use crate::mock::{logprob_of, prompt_logprob_of, MockBackend, MockConfig, EOS};
 
 const SCRIPT: &str = "Hello, world! The answer is 42. é日本🙂 END of story.";
 
@@ -180,4 +181,54 @@ async fn bad_requests_name_the_field() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
     let (status, _) = generate(json!({"text": "a", "model": "nope"})).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+async fn get_json(app: axum::Router, path: &str) -> (StatusCode, Value) {
+    let resp = send(app, get(path)).await;
+    let status = resp.status();
+    (status, serde_json::from_str(&text(resp).await).unwrap())
+}
+
+#[tokio::test]
+async fn health_generate_asks_every_model_for_a_token() {
+    let m = mock();
+    let (status, body) = get_json(app(&m), "/health_generate").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["seconds"]["quick"].is_number() && body["seconds"]["reference"].is_number());
+    let pinned: Vec<_> = m
+        .log()
+        .submitted
+        .iter()
+        .map(|r| (r.pinned_model, r.max_tokens))
+        .collect();
+    assert_eq!(pinned, [(Some(0), Some(1)), (Some(1), Some(1))]);
+    let failing = MockBackend::new(MockConfig {
+        error_at: Some(0),
+        ..MockConfig::default()
+    });
+    let (status, body) = get_json(app(&failing), "/health_generate").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        error_of(&body)["message"]
+            .as_str()
+            .unwrap()
+            .contains("quick"),
+        "{body}"
+    );
+    let loading = MockBackend::new(MockConfig {
+        ready: false,
+        ..MockConfig::default()
+    });
+    let (status, _) = get_json(app(&loading), "/health_generate").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn model_info_names_the_pair() {
+    let (status, body) = get_json(app(&mock()), "/get_model_info").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["model_path"], "mock/small");
+    assert_eq!(body["is_generation"], true);
+    assert_eq!(body["models"].as_array().unwrap().len(), 2);
+    assert_eq!(body["models"][1]["name"], "reference");
 }
