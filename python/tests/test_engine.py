@@ -98,6 +98,11 @@ def test_return_logprob_with_logprob_start_len_scores_the_prompt(engine):
     got = later["meta_info"]["input_token_logprobs"]
     assert [i for _, i in got] == ids[2:]
     assert all(abs(a[0] - b[0]) < 1e-5 for a, b in zip(got, scored[2:])), (got, scored)
+    # SGLang's Engine takes the logprob fields as keyword arguments too.
+    by_kwargs = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 3, "temperature": 0,
+                                "ignore_eos": True}, model="quick", return_logprob=True,
+                                logprob_start_len=2, top_logprobs_num=2)
+    assert by_kwargs["meta_info"]["input_token_logprobs"] == got
     other = engine.generate(input_ids=ids, sampling_params=params, model="reference")
     assert other["meta_info"]["input_token_logprobs"] != scored  # the other model's numbers
     # One model's numbers: a routed request cannot ask for them.

@@ -37,6 +37,20 @@ def _config_text(config: ConfigLike) -> "tuple[Optional[str], str]":
         raise ValueError(f"cannot read the config {path!r}: {e.strerror}") from None
 
 
+def _with_logprob_args(params: Params, return_logprob, logprob_start_len, top_logprobs_num) -> Params:
+    """SGLang's keyword arguments put into each prompt's parameters (a key the dict already
+    has wins)."""
+    given = {k: v for k, v in (("return_logprob", return_logprob), ("logprob_start_len", logprob_start_len),
+                               ("top_logprobs_num", top_logprobs_num)) if v is not None}
+    if not given:
+        return params
+    if params is None or isinstance(params, Mapping):
+        return {**given, **dict(params or {})}
+    if isinstance(params, (str, bytes)):
+        return {**given, **json.loads(params)}
+    return [{**given, **dict(p or {})} for p in params]
+
+
 def _params_json(params: Optional[Mapping[str, Any]]) -> str:
     if params is None:
         return "{}"
@@ -110,6 +124,9 @@ class TokenRoutingEngine:
         input_ids: Optional[Union[Sequence[int], Sequence[Sequence[int]]]] = None,
         stream: bool = False,
         model: Optional[str] = None,
+        return_logprob: Optional[bool] = None,
+        logprob_start_len: Optional[int] = None,
+        top_logprobs_num: Optional[int] = None,
     ) -> Any:
         """Generates for one prompt (a dict result), a list of prompts (a list, run
         concurrently), or token ids (``input_ids``: one list or a list of lists).
@@ -125,11 +142,14 @@ class TokenRoutingEngine:
         ``input_top_logprobs``; one model's numbers, so ``model`` must pin one) and ``routing`` (per-request overrides of the routing method's
         kwargs, e.g. ``{"threshold": 0.1}``); a list gives each prompt its own. Unknown keys
         raise ``ValueError`` naming the key. ``model``: a configured model name pins the
-        request to that model; None or ``"default"`` routes.
+        request to that model; None or ``"default"`` routes. ``return_logprob``,
+        ``logprob_start_len`` and ``top_logprobs_num`` may also be given as keyword arguments,
+        as SGLang's ``Engine.generate`` takes them (for every prompt).
 
         ``stream=True`` (one prompt) returns an iterator of deltas: ``{"text", "token_ids",
         "sources", "finish_reason"}``, the last one with ``meta_info``.
         """
+        sampling_params = _with_logprob_args(sampling_params, return_logprob, logprob_start_len, top_logprobs_num)
         streams, single = self._submit(prompt, sampling_params, input_ids, model)
         if stream:
             return self._deltas(self._only(streams, single))
@@ -148,10 +168,14 @@ class TokenRoutingEngine:
         input_ids: Optional[Union[Sequence[int], Sequence[Sequence[int]]]] = None,
         stream: bool = False,
         model: Optional[str] = None,
+        return_logprob: Optional[bool] = None,
+        logprob_start_len: Optional[int] = None,
+        top_logprobs_num: Optional[int] = None,
     ) -> Any:
         """``generate`` for asyncio: awaits the result without blocking the event loop, or
         with ``stream=True`` returns an async iterator of deltas (``async for d in await
         engine.async_generate(p, stream=True)``). Cancelling the task aborts the request."""
+        sampling_params = _with_logprob_args(sampling_params, return_logprob, logprob_start_len, top_logprobs_num)
         streams, single = self._submit(prompt, sampling_params, input_ids, model)
         if stream:
             return self._async_deltas(self._only(streams, single))

@@ -81,7 +81,8 @@ struct ServeArgs {
     host: String,
     #[arg(long, env = "TOKENROUTER_PORT", default_value_t = 30000)]
     port: u16,
-    /// Require `Authorization: Bearer <key>` on /v1/*.
+    /// Require `Authorization: Bearer <key>` on /v1/* and SGLang's /generate,
+    /// /health_generate and /get_model_info.
     #[arg(long, env = "TOKENROUTER_API_KEY")]
     api_key: Option<String>,
     /// Seconds in-flight requests get to finish after SIGTERM.
