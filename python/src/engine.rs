@@ -172,9 +172,11 @@ impl Engine {
     ) -> PyResult<Vec<Stream>> {
         let params = Params::from_json(params_json).map_err(PyValueError::new_err)?;
         let pinned = self.pinned(model)?;
-        let requests: Vec<_> = prompts
-            .into_iter()
-            .map(|p| params.request(p, pinned))
+        // `n` samples: the prompts once per sample, sample i seeded `seed + i` (SGLang's order).
+        let samples: Vec<Params> = (0..params.n).map(|i| params.sample(i)).collect();
+        let requests: Vec<_> = samples
+            .iter()
+            .flat_map(|sample| prompts.iter().map(|p| sample.request(p.clone(), pinned)))
             .collect();
         let prompt_sizes: Vec<(usize, Option<u32>)> = requests
             .iter()

@@ -206,6 +206,25 @@ def test_structured_output_keeps_to_the_schema_or_regex(engine):
         assert re.fullmatch("[A-Z]{2}-[0-9]{2}", out["text"]), out["text"]
 
 
+def test_n_samples_each_prompt(engine):
+    params = {"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True, "seed": 3, "n": 3}
+    outs = engine.generate("hello world", params)
+    assert isinstance(outs, list) and len(outs) == 3
+    # Sample i is seeded seed + i: the first is the n = 1 answer with the same seed.
+    one = engine.generate("hello world", {**params, "n": 1})
+    assert outs[0]["output_ids"] == one["output_ids"]
+    assert len({tuple(o["output_ids"]) for o in outs}) > 1
+    # A batch comes back once per sample, in SGLang's order.
+    batch = engine.generate(input_ids=[[5, 6], [7]], sampling_params={**params, "n": 2})
+    assert [o["meta_info"]["prompt_tokens"] for o in batch] == [2, 1, 2, 1]
+    each = engine.generate(input_ids=[[5, 6], [7]], sampling_params=[{**params, "n": 2}] * 2)
+    assert [o["output_ids"] for o in each] == [o["output_ids"] for o in batch]
+    with pytest.raises(ValueError, match="n must be at least 1"):
+        engine.generate("x", {"n": 0})
+    with pytest.raises(ValueError, match="n must be the same"):
+        engine.generate(["a", "b"], [{"n": 2}, {"n": 1}])
+
+
 def test_min_new_tokens_and_no_stop_trim(engine):
     params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True, "seed": 4}
     base = engine.generate("hello world", params)["output_ids"]

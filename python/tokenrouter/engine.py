@@ -134,7 +134,8 @@ class TokenRoutingEngine:
         ``sampling_params``: SGLang's keys (``max_new_tokens`` (default 128), ``temperature``
         (default 1.0), ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,
         ``presence_penalty``, ``frequency_penalty``, ``stop``, ``stop_token_ids``,
-        ``ignore_eos``, ``skip_special_tokens``, ``min_new_tokens``, ``no_stop_trim``,
+        ``ignore_eos``, ``skip_special_tokens``, ``min_new_tokens``, ``no_stop_trim``, ``n``
+        (samples per prompt, sample i seeded ``seed + i``: a list, the prompts once per sample),
         ``seed``/``sampling_seed``, ``logit_bias``,
         ``return_logprob``, and with it ``logprob_start_len`` / ``top_logprobs_num``: the
         prompt's scores from that position on in ``meta_info["input_token_logprobs"]`` as
@@ -237,21 +238,27 @@ class TokenRoutingEngine:
             single = not seq or not isinstance(seq[0], (list, tuple))
             ids = [[int(i) for i in seq]] if single else [[int(i) for i in s] for s in seq]
         if sampling_params is None or isinstance(sampling_params, (Mapping, str, bytes)):
-            return self._engine.submit(ids, _params_json(sampling_params), model), single
+            streams = self._engine.submit(ids, _params_json(sampling_params), model)
+            # `n` > 1 samples: a list, as SGLang answers.
+            return streams, single and len(streams) == 1
         per_prompt = list(sampling_params)
         if len(per_prompt) != len(ids):
             raise ValueError(
                 f"{len(per_prompt)} sampling_params for {len(ids)} prompts: give one dict, or one per prompt"
             )
-        streams: list = []
+        if len({(p or {}).get("n", 1) for p in per_prompt}) > 1:
+            raise ValueError("sampling_params: every prompt's n must be the same")
+        each: list = []
         try:
             for p, params in zip(ids, per_prompt):
-                streams.extend(self._engine.submit([p], _params_json(params), model))
+                each.append(self._engine.submit([p], _params_json(params), model))
         except BaseException:
-            for s in streams:
-                s.close()
+            for streams in each:
+                for s in streams:
+                    s.close()
             raise
-        return streams, single
+        # SGLang's order with n samples: the prompts once per sample.
+        return [s for sample in zip(*each) for s in sample], single
 
     def _finish(self, reason: str, s: "_native.Stream", matched: Any = None) -> Dict[str, Any]:
         if reason == "length":

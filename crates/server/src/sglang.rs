@@ -28,6 +28,8 @@ enum OneOrMany {
 struct RawParams {
     #[serde(default = "default_max_new_tokens")]
     max_new_tokens: Option<usize>,
+    /// Samples per prompt (parallel sampling).
+    n: Option<usize>,
     temperature: Option<f32>,
     top_p: Option<f32>,
     /// -1 (SGLang) or 0 disables it.
@@ -96,6 +98,8 @@ fn default_max_new_tokens() -> Option<usize> {
 pub struct Params {
     /// None: up to the context length.
     pub max_new_tokens: Option<usize>,
+    /// Samples per prompt; the i-th is seeded `seed + i` (see [`Params::sample`]).
+    pub n: usize,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
@@ -175,6 +179,11 @@ impl Params {
         }
         Ok(Self {
             max_new_tokens: raw.max_new_tokens,
+            n: match raw.n {
+                None => 1,
+                Some(0) => return Err("sampling_params: n must be at least 1".into()),
+                Some(n) => n,
+            },
             sampling: SamplingParams {
                 temperature: raw.temperature.unwrap_or(defaults.temperature),
                 top_p: raw.top_p.unwrap_or(defaults.top_p),
@@ -222,6 +231,15 @@ impl Params {
             prompt_logprobs: self.input_logprobs.map(|i| i.top),
             constraint: self.constraint.clone(),
         }
+    }
+
+    /// The parameters of sample `i` of `n`: one sample, seeded `seed + i` (SGLang's and
+    /// OpenAI's way to make parallel samples differ yet repeat).
+    pub fn sample(&self, i: usize) -> Params {
+        let mut one = self.clone();
+        one.n = 1;
+        one.sampling.seed = one.sampling.seed.map(|s| s.wrapping_add(i as u64));
+        one
     }
 
     pub fn stop_strings(&self) -> StopStrings {

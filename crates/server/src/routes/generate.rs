@@ -1,6 +1,7 @@
 //! SGLang's native `POST /generate`, which SGLang's own examples and clients (the research
 //! system's among them) call: `text` or `input_ids`, one prompt or a batch; `sampling_params`
-//! (one dict, or one per prompt; SGLang's keys, `crate::sglang`); the log-probability fields
+//! (one dict, or one per prompt; SGLang's keys, `crate::sglang`; `n` samples a prompt that
+//! many times, answered as a list in SGLang's order); the log-probability fields
 //! at the top level as SGLang has them; `stream` (SSE whose every chunk carries the text so
 //! far, then `[DONE]`). The answer is `{"text", "output_ids", "meta_info"}`, a list for a
 //! batch (`crate::native`). Our extension: `model` pins the request to one model.
@@ -110,14 +111,39 @@ pub async fn generate(
         top_logprobs_num: body.top_logprobs_num,
     };
     let params = per_prompt_params(body.sampling_params, prompts.len(), &top_level)?;
-    let plans: Vec<GenerationPlan> = params
+    let n = params.first().map_or(1, |p| p.n);
+    if params.iter().any(|p| p.n != n) {
+        return Err(ApiError::invalid(
+            "sampling_params",
+            "every prompt's `n` must be the same",
+        ));
+    }
+    if n > state.config.max_n {
+        return Err(ApiError::invalid(
+            "sampling_params",
+            format!(
+                "sampling_params: n must be at most {}, got {n}",
+                state.config.max_n
+            ),
+        ));
+    }
+    // SGLang's order: the whole batch once per sample, sample i seeded `seed + i`.
+    let samples: Vec<(Params, &Vec<u32>)> = (0..n)
+        .flat_map(|i| {
+            params
+                .iter()
+                .zip(&prompts)
+                .map(move |(p, ids)| (p.sample(i), ids))
+        })
+        .collect();
+    let plans: Vec<GenerationPlan> = samples
         .iter()
-        .map(|p| p.plan(model.clone(), body.stream))
+        .map(|(p, _)| p.plan(model.clone(), body.stream))
         .collect();
     let items: Vec<(&GenerationPlan, &[u32])> = plans
         .iter()
-        .zip(&prompts)
-        .map(|(plan, ids)| (plan, ids.as_slice()))
+        .zip(&samples)
+        .map(|(plan, (_, ids))| (plan, ids.as_slice()))
         .collect();
     let generation = Generation::start_each(&state, &items, arrival)?;
     let shape = Shape {
@@ -125,15 +151,18 @@ pub async fn generate(
         rid: body
             .rid
             .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>())),
-        batch,
+        batch: batch || n > 1,
         text_in_logprobs: body.return_text_in_logprobs,
-        input_from: params
+        input_from: samples
             .iter()
-            .map(|p| p.input_logprobs.map(|i| i.start))
+            .map(|(p, _)| p.input_logprobs.map(|i| i.start))
             .collect(),
-        output_logprobs: params.iter().map(|p| p.return_logprob).collect(),
-        first_prompt_ids: prompts.iter().map(|p| p.first().copied()).collect(),
-        prompt_tokens: prompts.iter().map(Vec::len).collect(),
+        output_logprobs: samples.iter().map(|(p, _)| p.return_logprob).collect(),
+        first_prompt_ids: samples
+            .iter()
+            .map(|(_, ids)| ids.first().copied())
+            .collect(),
+        prompt_tokens: samples.iter().map(|(_, ids)| ids.len()).collect(),
         backend: state.backend.clone(),
         arrival,
     };

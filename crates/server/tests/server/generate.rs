@@ -232,3 +232,45 @@ async fn model_info_names_the_pair() {
     assert_eq!(body["models"].as_array().unwrap().len(), 2);
     assert_eq!(body["models"][1]["name"], "reference");
 }
+
+/// SGLang's `n`: each prompt sampled n times, the batch once per sample (SGLang's order),
+/// sample i seeded `seed + i`.
+#[tokio::test]
+async fn n_samples_come_back_in_sglangs_order() {
+    let m = mock();
+    let body = json!({"input_ids": [[1], [2, 3]],
+        "sampling_params": {"n": 2, "max_new_tokens": 4, "sampling_seed": 5}});
+    let (status, out) = post_json(app(&m), "/generate", body).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let sizes: Vec<u64> = out
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["meta_info"]["prompt_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [1, 2, 1, 2]);
+    let seeds: Vec<_> = m.log().submitted.iter().map(|r| r.sampling.seed).collect();
+    assert_eq!(seeds, [Some(5), Some(5), Some(6), Some(6)]);
+    // One prompt with n > 1 is a list too.
+    let (_, out) = post_json(
+        app(&m),
+        "/generate",
+        json!({"text": "x", "sampling_params": {"n": 3, "max_new_tokens": 2}}),
+    )
+    .await;
+    assert_eq!(out.as_array().unwrap().len(), 3);
+    for sampling in [
+        json!({"n": 0}),
+        json!({"n": 17}),
+        json!([{"n": 2}, {"n": 1}]),
+    ] {
+        let (status, out) = post_json(
+            app(&m),
+            "/generate",
+            json!({"text": ["a", "b"], "sampling_params": sampling}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+        assert_eq!(error_of(&out)["param"], "sampling_params");
+    }
+}
