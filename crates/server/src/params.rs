@@ -51,6 +51,8 @@ pub struct GenerationPlan {
     pub reasoning: Option<crate::reasoning::ReasoningStart>,
     /// Read chat answers' tool calls of these tools as `tool_calls` (see `tools`).
     pub tool_names: Option<std::sync::Arc<[String]>>,
+    /// At most one tool call is returned (`parallel_tool_calls: false`).
+    pub single_tool_call: bool,
     /// Structured output, and the request field that asked for it.
     pub constraint: Option<(OutputConstraint, &'static str)>,
 }
@@ -120,6 +122,7 @@ impl GenerationPlan {
             shown_prompt_logprobs: None,
             reasoning: None,
             tool_names: None,
+            single_tool_call: false,
             constraint,
         })
     }

@@ -21,7 +21,7 @@ use crate::openai::response::{
 use crate::params::GenerationPlan;
 use crate::provenance::source_name;
 use crate::reasoning::{self, ReasoningStart};
-use crate::tools::{read_whole, Shown};
+use crate::tools::{Shown, ToolCallReader};
 
 /// What a streamed chunk may report of the whole response.
 pub struct SoFar {
@@ -76,6 +76,8 @@ pub struct ResponseContext {
     echo: Option<Echo>,
     /// Chat answers' calls of these tools become `tool_calls`.
     pub tool_names: Option<Arc<[String]>>,
+    /// At most one tool call a choice (`parallel_tool_calls: false`).
+    pub single_tool_call: bool,
     /// Chat answers' thinking is read apart from their content.
     pub reasoning: Option<ReasoningStart>,
 }
@@ -106,6 +108,7 @@ impl ResponseContext {
             continuous_usage: plan.continuous_usage,
             echo: None,
             tool_names: plan.tool_names.clone().filter(|_| kind == Kind::Chat),
+            single_tool_call: plan.single_tool_call,
             reasoning: plan.reasoning.filter(|_| kind == Kind::Chat),
         }
     }
@@ -341,7 +344,9 @@ impl ResponseContext {
                             None => (None, out.text.clone()),
                         };
                         let (content, tool_calls) = match &self.tool_names {
-                            Some(names) => read_whole(&text, names.clone()),
+                            Some(names) => ToolCallReader::new(names.clone())
+                                .one_call_at_most(self.single_tool_call)
+                                .whole(&text),
                             None => (Some(text), Vec::new()),
                         };
                         // Thinking alone (cut by `max_tokens`): no answer yet.

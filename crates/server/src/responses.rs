@@ -238,7 +238,10 @@ impl Items {
     fn new(plan: &GenerationPlan) -> Self {
         Self {
             reasoning: plan.reasoning.map(ReasoningReader::new),
-            tools: plan.tool_names.clone().map(ToolCallReader::new),
+            tools: plan
+                .tool_names
+                .clone()
+                .map(|names| ToolCallReader::new(names).one_call_at_most(plan.single_tool_call)),
             output: Vec::new(),
             open: None,
         }

@@ -273,6 +273,7 @@ impl Params {
             shown_prompt_logprobs: None,
             reasoning: None,
             tool_names: None,
+            single_tool_call: false,
             constraint: self.constraint.clone().map(|c| (c, "sampling_params")),
         }
     }

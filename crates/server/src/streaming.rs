@@ -26,7 +26,10 @@ pub fn sse_response(ctx: ResponseContext, generation: Generation) -> Response {
         started: vec![false; generation.num_choices],
         echoed: vec![false; generation.num_choices],
         tool_readers: (0..generation.num_choices)
-            .map(|_| ToolCallReader::new(ctx.tool_names.clone().unwrap_or_default()))
+            .map(|_| {
+                ToolCallReader::new(ctx.tool_names.clone().unwrap_or_default())
+                    .one_call_at_most(ctx.single_tool_call)
+            })
             .collect(),
         reasoning_readers: (0..generation.num_choices)
             .map(|_| ctx.reasoning.map(ReasoningReader::new))

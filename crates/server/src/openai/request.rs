@@ -104,6 +104,8 @@ pub struct ChatFields {
     pub tools: Option<Vec<Value>>,
     /// `"auto"` (the default), `"none"`; `"required"` and named functions are refused.
     pub tool_choice: Option<Value>,
+    /// `false`: at most one tool call is returned.
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// One chat message; `content` may be a string, a list of text parts, or null.

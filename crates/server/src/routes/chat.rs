@@ -55,6 +55,7 @@ pub(crate) async fn prepare(
         state.config.tool_call_parser,
     )?;
     plan.tool_names = tool_use.names();
+    plan.single_tool_call = chat.parallel_tool_calls == Some(false);
     if let Some(call) = tool_use.constraint {
         if let Some((_, field)) = &plan.constraint {
             return Err(ApiError::invalid(

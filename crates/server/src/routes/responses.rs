@@ -33,7 +33,6 @@ const RESPONSES_ONLY: &[&str] = &[
     "metadata",
     "include",
     "truncation",
-    "parallel_tool_calls",
     "user",
     "background",
     "top_logprobs",

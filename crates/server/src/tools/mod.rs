@@ -13,7 +13,7 @@ use tokenrouter_api::OutputConstraint;
 use crate::error::ApiError;
 
 mod reader;
-pub use reader::{read_whole, Shown, ToolCall, ToolCallReader};
+pub use reader::{Shown, ToolCall, ToolCallReader};
 
 /// The Hermes format's tags around a call.
 const START: &str = "<tool_call>";

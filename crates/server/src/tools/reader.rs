@@ -63,6 +63,8 @@ pub struct ToolCallReader {
     between: String,
     /// Calls made so far (their stream indices).
     calls: usize,
+    /// At most one call is returned (`parallel_tool_calls: false`); later ones are dropped.
+    single: bool,
 }
 
 impl ToolCallReader {
@@ -72,6 +74,13 @@ impl ToolCallReader {
             names,
             ..Self::default()
         }
+    }
+
+    /// Return the first call alone (OpenAI's `parallel_tool_calls: false`): later calls are
+    /// dropped, their markup not shown either.
+    pub fn one_call_at_most(mut self, single: bool) -> Self {
+        self.single = single;
+        self
     }
 
     /// Whether any call was read (then a `stop` finish is reported as `tool_calls`).
@@ -97,7 +106,12 @@ impl ToolCallReader {
         if last {
             let offered = |f: &FunctionCall| self.names.contains(&f.name);
             if let Some(functions) = bare_calls(&held).filter(|fs| fs.iter().all(offered)) {
-                let calls = functions.into_iter().map(|f| self.call(f)).collect();
+                let most = if self.single { 1 } else { functions.len() };
+                let calls = functions
+                    .into_iter()
+                    .take(most)
+                    .map(|f| self.call(f))
+                    .collect();
                 return Shown {
                     calls,
                     ..Shown::default()
@@ -105,6 +119,22 @@ impl ToolCallReader {
             }
         }
         self.read(&held, last)
+    }
+
+    /// A whole choice's text read at once: its content (`None` when calls leave only
+    /// whitespace) and its calls (without stream indices).
+    pub fn whole(mut self, text: &str) -> (Option<String>, Vec<ToolCall>) {
+        let shown = self.push(text, true);
+        let calls: Vec<ToolCall> = shown
+            .calls
+            .into_iter()
+            .map(|c| ToolCall { index: None, ..c })
+            .collect();
+        let content = match calls.is_empty() || !shown.content.trim().is_empty() {
+            true => Some(shown.content),
+            false => None,
+        };
+        (content, calls)
     }
 
     /// `push` once the answer is known not to be a bare call.
@@ -162,6 +192,7 @@ impl ToolCallReader {
     /// (not a call's JSON) the text it was.
     fn block(&mut self, body: &str, closed: bool, shown: &mut Shown) {
         match parse_call(body) {
+            Some(_) if self.single && self.calls > 0 => {}
             Some(function) => {
                 let call = self.call(function);
                 shown.calls.push(call);
@@ -238,25 +269,13 @@ fn call_of(value: Map<String, Value>) -> Option<FunctionCall> {
     Some(FunctionCall { name, arguments })
 }
 
-/// A whole choice's text read at once (for a request offering the tools `names`): its
-/// content (`None` when calls leave only whitespace) and its calls (without stream indices).
-pub fn read_whole(text: &str, names: Arc<[String]>) -> (Option<String>, Vec<ToolCall>) {
-    let shown = ToolCallReader::new(names).push(text, true);
-    let calls: Vec<ToolCall> = shown
-        .calls
-        .into_iter()
-        .map(|c| ToolCall { index: None, ..c })
-        .collect();
-    let content = match calls.is_empty() || !shown.content.trim().is_empty() {
-        true => Some(shown.content),
-        false => None,
-    };
-    (content, calls)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn read_whole(text: &str, names: Arc<[String]>) -> (Option<String>, Vec<ToolCall>) {
+        ToolCallReader::new(names).whole(text)
+    }
     use serde_json::json;
 
     const CALL: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>";
@@ -403,6 +422,27 @@ mod tests {
             read_whole(text, Arc::from([])),
             (Some(text.to_string()), vec![])
         );
+    }
+
+    /// `parallel_tool_calls: false`: the first call alone, later ones (and their markup)
+    /// dropped — Hermes blocks whole and streamed a character at a time, bare Llama 3 calls.
+    #[test]
+    fn one_call_at_most_keeps_the_first() {
+        let single = || ToolCallReader::new(names()).one_call_at_most(true);
+        let text = format!("Checking.\n{CALL}\n{CALL}\n");
+        let (content, calls) = single().whole(&text);
+        assert_eq!((content.as_deref(), calls.len()), (Some("Checking.\n"), 1));
+        let mut reader = single();
+        let mut streamed = Vec::new();
+        let chars: Vec<char> = text.chars().collect();
+        for (i, c) in chars.iter().enumerate() {
+            streamed.extend(reader.push(&c.to_string(), i + 1 == chars.len()).calls);
+        }
+        assert_eq!(streamed.len(), 1);
+        assert_eq!(streamed[0].index, Some(0));
+        let bare = r#"{"name": "get_weather", "parameters": {}}; {"name": "get_weather", "parameters": {}}"#;
+        assert_eq!(single().whole(bare).1.len(), 1);
+        assert_eq!(read_whole(bare, names()).1.len(), 2);
     }
 
     #[test]

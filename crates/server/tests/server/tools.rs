@@ -276,3 +276,49 @@ async fn bad_tool_requests_are_refused_by_name() {
     }
     assert!(m.log().submitted.is_empty());
 }
+
+/// `parallel_tool_calls: false`: one call comes back of an answer with two, whole and
+/// streamed, on chat and the Responses API; by default both.
+#[tokio::test]
+async fn parallel_tool_calls_false_returns_the_first_call_alone() {
+    let two = format!("{ANSWER}\n{}", &ANSWER["Let me check.\n".len()..]);
+    let m = mock_answering(&two);
+    let calls_of = |body: &Value| {
+        body["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    let (_, both) = post_json(app(&m), "/v1/chat/completions", with_tools(json!({}))).await;
+    assert_eq!(calls_of(&both), 2, "{both}");
+    let single = with_tools(json!({"parallel_tool_calls": false}));
+    let (_, one) = post_json(app(&m), "/v1/chat/completions", single.clone()).await;
+    assert_eq!(calls_of(&one), 1, "{one}");
+    assert_eq!(one["choices"][0]["finish_reason"], "tool_calls");
+    let mut streamed = single;
+    streamed["stream"] = json!(true);
+    let chunks = stream_chunks(app(&m), "/v1/chat/completions", streamed).await;
+    let calls: usize = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .map(Vec::len)
+        .sum();
+    assert_eq!(calls, 1);
+    let flat =
+        json!([{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]);
+    for (parallel, expected) in [(json!(false), 1), (json!(true), 2)] {
+        let (_, r) = post_json(
+            app(&m),
+            "/v1/responses",
+            json!({"input": "Weather?", "tools": flat, "parallel_tool_calls": parallel}),
+        )
+        .await;
+        let calls = r["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o["type"] == "function_call")
+            .count();
+        assert_eq!(calls, expected, "{r}");
+        assert_eq!(r["parallel_tool_calls"], parallel);
+    }
+}
