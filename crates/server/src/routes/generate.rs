@@ -82,29 +82,8 @@ pub async fn generate(
             ));
         }
     }
-    let context = model.context_length;
-    let (prompts, batch) = match (body.text, body.input_ids) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "input_ids",
-                "give `text` or `input_ids`, not both",
-            ))
-        }
-        (None, None) => return Err(ApiError::MissingField("text".into())),
-        (Some(Texts::One(t)), None) => (vec![state.encode_prompt(t, context).await?], false),
-        (Some(Texts::Many(texts)), None) => {
-            let mut ids = Vec::with_capacity(texts.len());
-            for t in texts {
-                ids.push(state.encode_prompt(t, context).await?);
-            }
-            (ids, true)
-        }
-        (None, Some(Ids::One(ids))) => (vec![ids], false),
-        (None, Some(Ids::Many(batch))) => (batch, true),
-    };
-    if prompts.is_empty() {
-        return Err(ApiError::invalid("text", "the batch is empty"));
-    }
+    let (prompts, batch) =
+        read_prompts(&state, body.text, body.input_ids, model.context_length).await?;
     let top_level = LogprobFields {
         return_logprob: body.return_logprob,
         logprob_start_len: body.logprob_start_len,
@@ -175,6 +154,38 @@ pub async fn generate(
             .await
             .map(|json| Json(json).into_response())
     }
+}
+
+/// The prompts' ids (text tokenized on the blocking pool) and whether they came as a batch.
+async fn read_prompts(
+    state: &AppState,
+    text: Option<Texts>,
+    input_ids: Option<Ids>,
+    context: usize,
+) -> Result<(Vec<Vec<u32>>, bool), ApiError> {
+    let (prompts, batch) = match (text, input_ids) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "input_ids",
+                "give `text` or `input_ids`, not both",
+            ))
+        }
+        (None, None) => return Err(ApiError::MissingField("text".into())),
+        (Some(Texts::One(t)), None) => (vec![state.encode_prompt(t, context).await?], false),
+        (Some(Texts::Many(texts)), None) => {
+            let mut ids = Vec::with_capacity(texts.len());
+            for t in texts {
+                ids.push(state.encode_prompt(t, context).await?);
+            }
+            (ids, true)
+        }
+        (None, Some(Ids::One(ids))) => (vec![ids], false),
+        (None, Some(Ids::Many(batch))) => (batch, true),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid("text", "the batch is empty"));
+    }
+    Ok((prompts, batch))
 }
 
 /// SGLang's top-level log-probability fields, which apply to every prompt.
