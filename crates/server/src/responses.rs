@@ -6,6 +6,7 @@
 //! event named by its type and numbered by `sequence_number`.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -13,7 +14,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Map, Value};
+use tokenrouter_api::Backend;
 
+use crate::choice::{Delta, OutToken};
 use crate::error::ApiError;
 use crate::generation::{ChoiceUpdate, Generation};
 use crate::params::GenerationPlan;
@@ -80,34 +83,31 @@ impl Answer {
             echoed,
             generation,
             provenance: ProvenanceCounter::new(names),
-            items: Items::new(plan),
+            items: Items::new(plan, state.backend.clone()),
             sequence: 0,
         }
     }
 
     /// Waits for the whole answer.
     pub async fn whole(mut self) -> Result<Response, ApiError> {
-        let mut text = String::new();
-        let mut reason = None;
+        // The items are built delta by delta, as streamed (the events are dropped): a
+        // delta's tokens are told to the item its text went to.
+        let mut incomplete = false;
         while let Some(update) = self.generation.next().await {
             match update {
                 ChoiceUpdate::Failed(e) => return Err(e),
                 ChoiceUpdate::Prompt { .. } => {}
                 ChoiceUpdate::Delta { delta, .. } => {
                     self.provenance.add(0, &delta.tokens);
-                    text.push_str(&delta.text);
+                    self.items.push(&delta, false, false);
                 }
-                ChoiceUpdate::Finished {
-                    delta, reason: r, ..
-                } => {
+                ChoiceUpdate::Finished { delta, reason, .. } => {
                     self.provenance.add(0, &delta.tokens);
-                    text.push_str(&delta.text);
-                    reason = Some(r);
+                    incomplete = reason == "length";
+                    self.items.push(&delta, true, incomplete);
                 }
             }
         }
-        let incomplete = reason == Some("length");
-        self.items.push(&text, true, incomplete);
         Ok(Json(self.object(Some(incomplete))).into_response())
     }
 
@@ -146,13 +146,13 @@ impl Answer {
             Some(ChoiceUpdate::Prompt { .. }) => false,
             Some(ChoiceUpdate::Delta { delta, .. }) => {
                 self.provenance.add(0, &delta.tokens);
-                out.extend(self.items.push(&delta.text, false, false));
+                out.extend(self.items.push(&delta, false, false));
                 false
             }
             Some(ChoiceUpdate::Finished { delta, reason, .. }) => {
                 self.provenance.add(0, &delta.tokens);
                 let incomplete = reason == "length";
-                out.extend(self.items.push(&delta.text, true, incomplete));
+                out.extend(self.items.push(&delta, true, incomplete));
                 let kind = match incomplete {
                     true => "response.incomplete",
                     false => "response.completed",
@@ -224,6 +224,8 @@ struct Open {
     id: String,
     index: usize,
     text: String,
+    /// A message's token log-probabilities so far (when asked for).
+    logprobs: Vec<Value>,
 }
 
 /// The output items, built as the text arrives (thinking, then text and tool calls).
@@ -232,11 +234,14 @@ struct Items {
     tools: Option<ToolCallReader>,
     output: Vec<Value>,
     open: Option<Open>,
+    /// Set when the message's log-probabilities were asked for: tokens' text comes from it.
+    logprobs: Option<Arc<dyn Backend>>,
 }
 
 impl Items {
-    fn new(plan: &GenerationPlan) -> Self {
+    fn new(plan: &GenerationPlan, backend: Arc<dyn Backend>) -> Self {
         Self {
+            logprobs: plan.logprobs.map(|_| backend),
             reasoning: plan.reasoning.map(ReasoningReader::new),
             tools: plan
                 .tool_names
@@ -247,9 +252,12 @@ impl Items {
         }
     }
 
-    /// Takes the next piece of the answer's text (`last` at its end, which closes every
-    /// item; `incomplete` when `max_output_tokens` cut it); the events it makes.
-    fn push(&mut self, text: &str, last: bool, incomplete: bool) -> Vec<Value> {
+    /// Takes the next piece of the answer (`last` at its end, which closes every item;
+    /// `incomplete` when `max_output_tokens` cut it); the events it makes. Its tokens'
+    /// log-probabilities, when asked for, go with the message text it wrote (a piece that
+    /// wrote only thinking or tool calls gives the message none).
+    fn push(&mut self, delta: &Delta, last: bool, incomplete: bool) -> Vec<Value> {
+        let text = delta.text.as_str();
         let Split { content, reasoning } = match self.reasoning.as_mut() {
             Some(reader) => reader.push(text, last),
             None => Split {
@@ -266,10 +274,11 @@ impl Items {
         };
         let mut events = Vec::new();
         if !reasoning.is_empty() {
-            self.write(Kind::Reasoning, &reasoning, &mut events);
+            self.write(Kind::Reasoning, &reasoning, Vec::new(), &mut events);
         }
         if !content.is_empty() {
-            self.write(Kind::Message, &content, &mut events);
+            let logprobs = self.logprob_entries(&delta.tokens);
+            self.write(Kind::Message, &content, logprobs, &mut events);
         }
         for call in calls {
             self.close("completed", &mut events);
@@ -299,7 +308,7 @@ impl Items {
         if last {
             // An answer with nothing in it is still a (empty) message.
             if self.output.is_empty() && self.open.is_none() {
-                self.write(Kind::Message, "", &mut events);
+                self.write(Kind::Message, "", Vec::new(), &mut events);
             }
             let status = if incomplete {
                 "incomplete"
@@ -311,8 +320,33 @@ impl Items {
         events
     }
 
-    /// Appends `text` to an item of `kind`, opening it (and closing another) first.
-    fn write(&mut self, kind: Kind, text: &str, events: &mut Vec<Value>) {
+    /// OpenAI's log-probability entries of `tokens` (none unless asked for).
+    fn logprob_entries(&self, tokens: &[OutToken]) -> Vec<Value> {
+        let Some(backend) = &self.logprobs else {
+            return Vec::new();
+        };
+        let entry = |id: u32, logprob: f32| {
+            let token = backend.decode(&[id], false).unwrap_or_default();
+            json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+        };
+        tokens
+            .iter()
+            .map(|t| {
+                let mut e = entry(t.event.id, t.event.logprob);
+                e["top_logprobs"] = t
+                    .event
+                    .top_logprobs
+                    .iter()
+                    .map(|&(id, lp)| entry(id, lp))
+                    .collect();
+                e
+            })
+            .collect()
+    }
+
+    /// Appends `text` (with its tokens' `logprobs`, for a message) to an item of `kind`,
+    /// opening it (and closing another) first.
+    fn write(&mut self, kind: Kind, text: &str, logprobs: Vec<Value>, events: &mut Vec<Value>) {
         if self.open.as_ref().is_some_and(|o| o.kind != kind) {
             self.close("completed", events);
         }
@@ -347,9 +381,11 @@ impl Items {
                 id,
                 index,
                 text: String::new(),
+                logprobs: Vec::new(),
             }
         });
         open.text.push_str(text);
+        open.logprobs.extend(logprobs.iter().cloned());
         if text.is_empty() {
             return;
         }
@@ -360,7 +396,7 @@ impl Items {
         let mut delta = json!({"type": kind_name, "item_id": open.id,
             "output_index": open.index, "content_index": 0, "delta": text});
         if kind == Kind::Message {
-            delta["logprobs"] = json!([]);
+            delta["logprobs"] = Value::Array(logprobs);
         }
         events.push(delta);
     }
@@ -372,6 +408,7 @@ impl Items {
             id,
             index,
             text,
+            logprobs,
         }) = self.open.take()
         else {
             return;
@@ -387,9 +424,10 @@ impl Items {
             }
             Kind::Message => {
                 let part = json!({"type": "output_text", "text": text, "annotations": [],
-                    "logprobs": []});
+                    "logprobs": logprobs});
                 events.push(json!({"type": "response.output_text.done", "item_id": id,
-                    "output_index": index, "content_index": 0, "text": text, "logprobs": []}));
+                    "output_index": index, "content_index": 0, "text": text,
+                    "logprobs": logprobs}));
                 events.push(json!({"type": "response.content_part.done", "item_id": id,
                     "output_index": index, "content_index": 0, "part": part}));
                 json!({"type": "message", "id": id, "status": status, "role": "assistant",

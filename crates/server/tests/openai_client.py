@@ -180,6 +180,11 @@ class Suite:
                                          instructions="Be brief.", max_output_tokens=64)
         check(r.status == "completed" and r.output_text == SCRIPT, r)
         check(r.usage.output_tokens >= len(SCRIPT.encode()) and r.usage.input_tokens > 0, r.usage)
+        lp = self.client.responses.create(model="tokenrouter", input="Say hello.", max_output_tokens=64,
+                                          include=["message.output_text.logprobs"], top_logprobs=1)
+        entries = lp.output[0].content[0].logprobs
+        check(len(entries) == len(SCRIPT.encode()) and entries[0].token == "H", entries[:2])
+        check(len(entries[0].top_logprobs) == 1, entries[0])
         cut = self.client.responses.create(model="tokenrouter", input="x", max_output_tokens=5)
         check(cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens", cut)
         check(cut.output_text == SCRIPT[:5], cut.output_text)

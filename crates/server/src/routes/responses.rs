@@ -139,6 +139,17 @@ fn chat_request(fields: &Map<String, Value>) -> Result<Value, ApiError> {
         }
     }
     chat.insert("messages".into(), Value::Array(messages));
+    // The message's log-probabilities: `include` names them, `top_logprobs` counts the
+    // alternatives (chat's fields).
+    let included = fields
+        .get("include")
+        .and_then(Value::as_array)
+        .is_some_and(|list| list.iter().any(|v| v == "message.output_text.logprobs"));
+    let top = fields.get("top_logprobs").filter(|v| !v.is_null());
+    if included || top.is_some() {
+        chat.insert("logprobs".into(), Value::Bool(true));
+        chat.insert("top_logprobs".into(), top.cloned().unwrap_or(json!(0)));
+    }
     if let Some(max) = fields.get("max_output_tokens").filter(|v| !v.is_null()) {
         chat.insert("max_tokens".into(), max.clone());
     }

@@ -256,3 +256,31 @@ async fn refusals_name_the_responses_field() {
         assert_eq!(error_of(&r)["param"], param, "{body} -> {r}");
     }
 }
+
+/// `include: ["message.output_text.logprobs"]` (and `top_logprobs`): each token of the
+/// message text with its log-probability and alternatives, whole and streamed.
+#[tokio::test]
+async fn message_logprobs_when_included() {
+    let body = json!({"input": "hi", "include": ["message.output_text.logprobs"],
+        "top_logprobs": 2});
+    let (status, r) = post_json(app(&mock()), "/v1/responses", body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    let logprobs = r["output"][0]["content"][0]["logprobs"].as_array().unwrap();
+    // One per byte-token of the text (the EOS, which writes none, is not the message's).
+    assert_eq!(logprobs.len(), SCRIPT.len());
+    assert_eq!(logprobs[0]["token"], "H");
+    assert!(logprobs[0]["logprob"].as_f64().unwrap() < 0.0);
+    assert_eq!(logprobs[0]["top_logprobs"].as_array().unwrap().len(), 2);
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let all = events(streamed).await;
+    let from_deltas: usize = all
+        .iter()
+        .filter(|(name, _)| name == "response.output_text.delta")
+        .map(|(_, d)| d["logprobs"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(from_deltas, SCRIPT.len());
+    // Not asked: none.
+    let (_, r) = post_json(app(&mock()), "/v1/responses", json!({"input": "hi"})).await;
+    assert_eq!(r["output"][0]["content"][0]["logprobs"], json!([]));
+}
