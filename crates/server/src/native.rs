@@ -37,13 +37,18 @@ pub struct Shape {
     pub arrival: Instant,
 }
 
-/// One prompt's answer so far.
+/// One prompt's answer so far. Log-probability entries are made once, as their tokens
+/// arrive: a streamed answer is sent whole at every chunk.
 #[derive(Default)]
 struct Answer {
     text: String,
     tokens: Vec<OutToken>,
-    prompt_scores: Option<Vec<TokenEvent>>,
     finish_reason: Option<Value>,
+    /// `output_token_logprobs` and `output_top_logprobs` so far (when asked for).
+    output_logprobs: Vec<Value>,
+    output_top_logprobs: Vec<Value>,
+    /// `input_token_logprobs` and `input_top_logprobs` (when asked for, once scored).
+    input_logprobs: Option<(Value, Value)>,
 }
 
 /// The answers of one `/generate` request, filled as its generation runs.
@@ -94,8 +99,9 @@ impl Answers {
         let (index, delta, finish) = match self.generation.next().await? {
             ChoiceUpdate::Failed(e) => return Some(Err(e)),
             ChoiceUpdate::Prompt { index, scores } => {
+                let input = self.input_logprobs(index, &scores);
                 if let Some(answer) = self.answers.get_mut(index) {
-                    answer.prompt_scores = Some(scores);
+                    answer.input_logprobs = input;
                 }
                 return Some(Ok(index));
             }
@@ -111,14 +117,41 @@ impl Answers {
                 Some(self.finish_reason(index, reason, stopped_by)),
             ),
         };
+        let wants_logprobs = self.shape.output_logprobs.get(index) == Some(&true);
+        let (entries, tops): (Vec<Value>, Vec<Value>) = match wants_logprobs {
+            true => delta
+                .tokens
+                .iter()
+                .map(|t| {
+                    (
+                        self.entry(Some(t.event.logprob), t.event.id),
+                        self.alternatives(&t.event),
+                    )
+                })
+                .unzip(),
+            false => Default::default(),
+        };
         if let Some(answer) = self.answers.get_mut(index) {
             answer.text.push_str(&delta.text);
             answer.tokens.extend(delta.tokens);
+            answer.output_logprobs.extend(entries);
+            answer.output_top_logprobs.extend(tops);
             if finish.is_some() {
                 answer.finish_reason = finish;
             }
         }
         Some(Ok(index))
+    }
+
+    /// Prompt `index`'s scored tokens from `logprob_start_len` on (the first prompt token's
+    /// logprob `null`: nothing comes before it), and their alternatives; `None` unless asked.
+    fn input_logprobs(&self, index: usize, scores: &[TokenEvent]) -> Option<(Value, Value)> {
+        let from = self.shape.input_from.get(index).copied().flatten()?;
+        let first = self.shape.first_prompt_ids.get(index).copied().flatten();
+        let tokens = first.map(|id| self.entry(None, id)).into_iter();
+        let tokens = tokens.chain(scores.iter().map(|s| self.entry(Some(s.logprob), s.id)));
+        let tops = std::iter::once(Value::Null).chain(scores.iter().map(|s| self.alternatives(s)));
+        Some((tokens.skip(from).collect(), tops.skip(from).collect()))
     }
 
     fn finish_reason(&self, index: usize, reason: &str, stopped_by: Option<StopMatch>) -> Value {
@@ -159,23 +192,18 @@ impl Answers {
             "switches": sources.windows(2).filter(|w| w[0] != w[1]).count(),
             "token_sources": sources.iter().map(|&s| name(s)).collect::<Vec<_>>(),
         });
-        if shape.output_logprobs.get(index).copied().unwrap_or(false) {
-            let events = answer.tokens.iter().map(|t| &t.event);
-            meta["output_token_logprobs"] = events
-                .clone()
-                .map(|e| self.entry(Some(e.logprob), e.id))
-                .collect();
-            meta["output_top_logprobs"] = events.map(|e| self.alternatives(e)).collect();
+        if shape.output_logprobs.get(index) == Some(&true) {
+            meta["output_token_logprobs"] = json!(answer.output_logprobs);
+            meta["output_top_logprobs"] = json!(answer.output_top_logprobs);
         }
-        if let Some(from) = shape.input_from.get(index).copied().flatten() {
-            let scores = answer.prompt_scores.as_deref().unwrap_or_default();
-            let first = shape.first_prompt_ids.get(index).copied().flatten();
-            let tokens = first.map(|id| self.entry(None, id)).into_iter();
-            let tokens = tokens.chain(scores.iter().map(|s| self.entry(Some(s.logprob), s.id)));
-            meta["input_token_logprobs"] = tokens.skip(from).collect();
-            let tops =
-                std::iter::once(Value::Null).chain(scores.iter().map(|s| self.alternatives(s)));
-            meta["input_top_logprobs"] = tops.skip(from).collect();
+        if shape.input_from.get(index).copied().flatten().is_some() {
+            // Scored before any token; empty until then (a prompt that failed to score).
+            let (tokens, tops) = answer
+                .input_logprobs
+                .clone()
+                .unwrap_or((json!([]), json!([])));
+            meta["input_token_logprobs"] = tokens;
+            meta["input_top_logprobs"] = tops;
         }
         json!({"text": answer.text, "output_ids": ids, "meta_info": meta})
     }

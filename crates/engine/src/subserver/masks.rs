@@ -133,16 +133,17 @@ pub(super) fn narrow(
         }
         bits = kept;
     }
-    let before_bans = bits.clone();
+    if banned.is_empty() {
+        return Some(RowMask::Bits(bits));
+    }
+    let mut narrowed = bits.clone();
     for &id in banned {
-        if let Some(b) = bits.get_mut(id as usize / 8) {
+        if let Some(b) = narrowed.get_mut(id as usize / 8) {
             *b &= !(1 << (id % 8));
         }
     }
-    if bits.iter().all(|&b| b == 0) {
-        bits = before_bans;
-    }
-    Some(RowMask::Bits(bits))
+    let left = narrowed.iter().any(|&b| b != 0);
+    Some(RowMask::Bits(if left { narrowed } else { bits }))
 }
 
 fn workers() -> usize {
