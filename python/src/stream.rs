@@ -4,6 +4,7 @@
 //! slices, so Ctrl-C reaches Python; closing (or dropping) the stream aborts the request
 //! in every model and frees its KV.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,6 +56,8 @@ pub struct Stream {
     /// and the engine's scores of the others once they arrived.
     input: Option<(InputLogprobs, u32)>,
     input_scores: Mutex<Option<Vec<TokenEvent>>>,
+    /// Prompt tokens the first model took from its prefix cache (SGLang's `cached_tokens`).
+    cached_tokens: AtomicUsize,
 }
 
 impl Stream {
@@ -84,6 +87,7 @@ impl Stream {
             return_logprob,
             input,
             input_scores: Mutex::new(None),
+            cached_tokens: AtomicUsize::new(0),
         }
     }
 
@@ -125,6 +129,10 @@ impl Stream {
                 Err(e) => Poll::Failed(e.to_string()),
             },
             Ok(Some(GenerateEvent::Error(message))) => Poll::Failed(message),
+            Ok(Some(GenerateEvent::PromptCached(n))) => {
+                self.cached_tokens.store(n, Ordering::Relaxed);
+                return Poll::Pending;
+            }
             Ok(Some(GenerateEvent::Prompt(scores))) => {
                 if let Ok(mut slot) = self.input_scores.lock() {
                     *slot = Some(scores);
@@ -223,6 +231,12 @@ impl Stream {
         self.per_prompt_token(|s, _| {
             s.map(|s| s.top_logprobs.iter().map(|&(id, lp)| (lp, id)).collect())
         })
+    }
+
+    /// Prompt tokens the first model took from its prefix cache instead of computing them.
+    #[getter]
+    fn cached_tokens(&self) -> usize {
+        self.cached_tokens.load(Ordering::Relaxed)
     }
 
     /// True until the last chunk was returned or the stream was closed.

@@ -76,6 +76,14 @@ def test_input_ids_single_and_list(engine):
     assert isinstance(two, list) and len(two) == 2
 
 
+def test_a_repeated_prompt_reports_its_cached_tokens(engine):
+    ids = list(range(40, 80))  # 40 tokens: two whole 16-token blocks before the last
+    first = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 2}, model="quick")
+    again = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 2}, model="quick")
+    assert again["meta_info"]["cached_tokens"] == 32, again["meta_info"]
+    assert first["meta_info"]["cached_tokens"] <= again["meta_info"]["cached_tokens"]
+
+
 def test_return_logprob_with_logprob_start_len_scores_the_prompt(engine):
     ids = engine.tokenize("Once upon a time there was")
     params = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True, "return_logprob": True,

@@ -12,6 +12,7 @@ class Stream:
     prompt_tokens: int
     max_new_tokens: int
     return_logprob: bool
+    cached_tokens: int
     input_token_logprobs: Optional[List[Tuple[Optional[float], int]]]
     input_top_logprobs: Optional[List[Optional[List[Tuple[float, int]]]]]
     @property

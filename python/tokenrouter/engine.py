@@ -278,6 +278,7 @@ class TokenRoutingEngine:
             "finish_reason": self._finish(reason or "abort", s, matched),
             "prompt_tokens": s.prompt_tokens,
             "completion_tokens": len(ids),
+            "cached_tokens": s.cached_tokens,
             "tokens_by_model": by_model,
             "switches": switches,
             "token_sources": [self._names[src] for src in sources],

@@ -336,6 +336,11 @@ pub enum GenerateEvent {
     /// The prompt's scores (see [`GenerateRequest::prompt_logprobs`]): one entry per prompt
     /// token after the first, in order; `source` is the scoring model, `router_score` None.
     Prompt(Vec<TokenEvent>),
+    /// How many prompt tokens the request's first model took from its prefix cache instead
+    /// of computing them (OpenAI's `cached_tokens`): sent before the first token, when the
+    /// model caches prefixes (again, and to be believed instead, if the request had to be
+    /// computed anew before writing anything).
+    PromptCached(usize),
     Token(TokenEvent),
     Finished {
         reason: FinishReason,

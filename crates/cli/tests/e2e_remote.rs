@@ -62,7 +62,7 @@ async fn over_a_unix_socket_too() {
 
 /// A request pinned to the remote model asks for its prompt's scores (`echo` with
 /// `logprobs`): they come over the wire before its tokens, equal to the scores and answer
-/// of the same model in one process.
+/// of the same model in one process. The remote's prefix-cache hits are told too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompt_scores_come_from_the_remote_model() {
     let dir = tempfile::tempdir().unwrap();
@@ -77,8 +77,30 @@ async fn prompt_scores_come_from_the_remote_model() {
     let remote = Remote::start(&file, "tcp://127.0.0.1:0", &[]);
     let front = start(front_config(&file, &remote.peer, &[])).await.unwrap();
     assert_eq!(prompt_scores(&front, &prompt).await, want);
+    // The remote's prefix cache now holds the prompt's whole blocks (88 of its 89 positions
+    // before the last): a request pinned there is told so over the wire.
+    assert_eq!(cached_prompt(&front, &prompt).await, 80);
     wait_free(&front, Duration::from_secs(5));
     front.shutdown();
+}
+
+/// The prompt tokens a request for `prompt` pinned to model 1 is told were cached.
+async fn cached_prompt(e: &Engine, prompt: &[u32]) -> usize {
+    let mut p = params(false, 1);
+    p.max_tokens = 2;
+    let mut req = p.into_request(prompt.to_vec());
+    req.pinned_model = Some(1);
+    let mut s = e.submit(req).unwrap();
+    let mut cached = None;
+    while let Some(ev) = s.events.recv().await {
+        match ev {
+            GenerateEvent::PromptCached(n) => cached = Some(n),
+            GenerateEvent::Finished { .. } => break,
+            GenerateEvent::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    cached.expect("the cached count is told")
 }
 
 /// Structured output with the large model remote: the remote compiles the constraint and
@@ -153,6 +175,7 @@ async fn answer(e: &Engine, req: tokenrouter_api::GenerateRequest) -> (Vec<u32>,
                 sources.push(t.source);
             }
             GenerateEvent::Finished { .. } => break,
+            GenerateEvent::PromptCached(_) => {}
             GenerateEvent::Error(e) => panic!("{e}"),
             GenerateEvent::Prompt(_) => panic!("no prompt scores were asked for"),
         }
@@ -199,6 +222,7 @@ async fn prompt_scores(e: &Engine, prompt: &[u32]) -> (Vec<tokenrouter_api::Toke
             }
             GenerateEvent::Token(t) => ids.push(t.id),
             GenerateEvent::Finished { .. } => break,
+            GenerateEvent::PromptCached(_) => {}
             GenerateEvent::Error(e) => panic!("{e}"),
         }
     }
@@ -217,9 +241,11 @@ async fn abort_frees_kv_on_both_processes() {
         let mut streams: Vec<_> = (0..4).map(|i| submit_long(&front, i, pinned)).collect();
         // Let every request write some tokens, and the remote hold KV for some.
         for s in &mut streams {
-            for _ in 0..20 {
+            let mut tokens = 0;
+            while tokens < 20 {
                 match s.events.recv().await {
-                    Some(GenerateEvent::Token(_)) => {}
+                    Some(GenerateEvent::Token(_)) => tokens += 1,
+                    Some(GenerateEvent::PromptCached(_)) => {}
                     other => panic!("unexpected {other:?}"),
                 }
             }
@@ -271,6 +297,7 @@ async fn a_handoff_does_not_grow_with_the_sequence() {
             match ev {
                 GenerateEvent::Token(_) => {}
                 GenerateEvent::Finished { .. } => break,
+                GenerateEvent::PromptCached(_) => {}
                 GenerateEvent::Error(e) => panic!("{e}"),
                 GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
             }

@@ -157,6 +157,17 @@ class Suite:
         switches = sum(1 for a, b in zip(sources, sources[1:]) if a != b)
         check(prov["switches"] == switches, (prov, switches))
 
+    def test_cached_prompt_tokens(self):
+        # The same long prompt twice: the second reads its whole 16-token blocks (all but
+        # the last position) from the entry model's prefix cache, and says so in usage.
+        messages = [{"role": "user", "content": "Count the words: " + " ".join(["apple"] * 60)}]
+        self.chat(messages=messages, max_tokens=2)
+        again = self.chat(messages=messages, max_tokens=2)
+        u = again.usage
+        want = (u.prompt_tokens - 1) // 16 * 16
+        check(u.prompt_tokens_details is not None and u.prompt_tokens_details.cached_tokens == want,
+              (u, want))
+
     def test_structured_output(self):
         # The official client's response_format, and vLLM's guided_* through extra_body: the
         # random models' answers keep to the constraint, routed and pinned, whole and streamed.

@@ -78,6 +78,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!("\n(finished: {reason:?}, {} tokens)", ids.len());
                 break;
             }
+            GenerateEvent::PromptCached(_) => {}
             GenerateEvent::Error(e) => return Err(e.into()),
             // Only asked for by `prompt_logprobs`, which this example does not set.
             GenerateEvent::Prompt(_) => {}

@@ -465,6 +465,7 @@ impl Engine {
                 }
                 // The library API does not ask for prompt scores.
                 GenerateEvent::Prompt(_) => {}
+                GenerateEvent::PromptCached(n) => g.cached_prompt_tokens = n,
                 GenerateEvent::Finished { reason } => {
                     g.finish_reason = Some(reason);
                     break;
@@ -546,4 +547,6 @@ pub struct FinishedGeneration {
     /// Which model wrote each token.
     pub sources: Vec<usize>,
     pub finish_reason: Option<FinishReason>,
+    /// Prompt tokens the first model took from its prefix cache.
+    pub cached_prompt_tokens: usize,
 }

@@ -204,6 +204,11 @@ impl Req {
         self.emit(GenerateEvent::Prompt(scores), 0);
     }
 
+    /// Tells the client how many prompt tokens the prefix cache gave (on first contact).
+    pub fn report_cached_prompt(&self, tokens: usize) {
+        self.emit(GenerateEvent::PromptCached(tokens), 0);
+    }
+
     /// Append a written token and stream it out.
     pub fn push_token(&mut self, ev: TokenEvent) {
         if let Some(grammar) = self.grammar.as_mut() {

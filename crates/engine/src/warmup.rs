@@ -69,7 +69,11 @@ pub(crate) fn warm_up(engine: &Engine, shared: &Shared) -> Result<(), EngineErro
     for mut stream in streams {
         loop {
             match stream.events.blocking_recv() {
-                Some(GenerateEvent::Token(_) | GenerateEvent::Prompt(_)) => {}
+                Some(
+                    GenerateEvent::Token(_)
+                    | GenerateEvent::Prompt(_)
+                    | GenerateEvent::PromptCached(_),
+                ) => {}
                 Some(GenerateEvent::Finished { .. }) => break,
                 Some(GenerateEvent::Error(e)) => {
                     return Err(EngineError::Start(format!("warm-up request failed: {e}")))

@@ -25,6 +25,7 @@ async fn drain(mut s: GenerateStream) -> End {
             match ev {
                 GenerateEvent::Token(_) => n += 1,
                 GenerateEvent::Finished { .. } => return End::Finished(n),
+                GenerateEvent::PromptCached(_) => {}
                 GenerateEvent::Error(m) => return End::Error(m),
                 GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
             }

@@ -87,6 +87,7 @@ fn outcome(rx: &mut UnboundedReceiver<GenerateEvent>) -> Result<usize, String> {
         match ev {
             GenerateEvent::Token(_) => tokens += 1,
             GenerateEvent::Finished { .. } => return Ok(tokens),
+            GenerateEvent::PromptCached(_) => {}
             GenerateEvent::Error(m) => return Err(m),
             GenerateEvent::Prompt(_) => return Err("prompt scores were not asked for".into()),
         }

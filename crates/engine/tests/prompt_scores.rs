@@ -28,6 +28,7 @@ async fn scored(
             }
             GenerateEvent::Token(t) => ids.push(t.id),
             GenerateEvent::Finished { .. } => break,
+            GenerateEvent::PromptCached(_) => {}
             GenerateEvent::Error(m) => panic!("request failed: {m}"),
         }
     }

@@ -148,6 +148,7 @@ async fn soak_every_request_ends_kv_returns_to_zero_memory_stays_flat() {
                                     }
                                 }
                                 GenerateEvent::Finished { .. } => return "finished",
+                                GenerateEvent::PromptCached(_) => {}
                                 GenerateEvent::Error(_) => return "error",
                                 GenerateEvent::Prompt(_) => return "unasked prompt scores",
                             }

@@ -25,6 +25,7 @@ async fn answer(e: &Engine, req: GenerateRequest) -> (String, Vec<usize>, Finish
                 sources.push(t.source);
             }
             GenerateEvent::Finished { reason } => break reason,
+            GenerateEvent::PromptCached(_) => {}
             GenerateEvent::Error(m) => panic!("request failed: {m}"),
             GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
         }

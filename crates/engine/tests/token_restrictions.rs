@@ -22,6 +22,7 @@ async fn answer(e: &Engine, req: GenerateRequest) -> (Vec<u32>, Vec<usize>, Fini
                 sources.push(t.source);
             }
             GenerateEvent::Finished { reason } => return (ids, sources, reason),
+            GenerateEvent::PromptCached(_) => {}
             GenerateEvent::Error(m) => panic!("request failed: {m}"),
             GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
         }

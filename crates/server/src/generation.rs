@@ -4,6 +4,7 @@
 //! the [`Generation`] (client gone, response finished) or a stop string drops it, which
 //! aborts the request in the engine. A server shutdown aborts through the lifecycle signal.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,6 +18,7 @@ use tokio::sync::watch;
 use crate::choice::{ChoiceDecoder, Delta, Step, StopMatch};
 use crate::error::ApiError;
 use crate::metrics::RequestTracker;
+use crate::openai::response::Usage;
 use crate::params::GenerationPlan;
 use crate::state::AppState;
 
@@ -50,6 +52,8 @@ pub struct Generation {
     pub num_choices: usize,
     /// Each choice's output bound, as the backend applied it.
     pub max_tokens: Vec<usize>,
+    /// Each choice's prompt tokens taken from the prefix cache, as the engine reports them.
+    cached: Arc<[AtomicUsize]>,
 }
 
 impl Generation {
@@ -97,6 +101,7 @@ impl Generation {
         })?;
         let num_choices = streams.len();
         let max_tokens = streams.iter().map(|s| s.max_tokens).collect();
+        let cached: Arc<[AtomicUsize]> = (0..num_choices).map(|_| AtomicUsize::new(0)).collect();
         let runs = streams.into_iter().zip(plans).enumerate();
         let choices = stream::select_all(runs.map(|(index, (s, plan))| {
             ChoiceRun {
@@ -106,6 +111,7 @@ impl Generation {
                     .including_stops(plan.include_stops)
                     .with_min_tokens(plan.sampling.min_tokens),
                 stream: Some(s),
+                cached: cached.clone(),
                 skip_special: !plan.keep_special,
                 backend: state.backend.clone(),
                 abort: state.lifecycle.abort_signal(),
@@ -124,7 +130,22 @@ impl Generation {
             prompt_tokens,
             num_choices,
             max_tokens,
+            cached,
         })
+    }
+
+    /// Prompt tokens of choice `index` that its first model took from the prefix cache.
+    pub fn cached_tokens_of(&self, index: usize) -> usize {
+        self.cached
+            .get(index)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// The usage so far with `completion_tokens`: prompt tokens counted once per choice, as
+    /// their cached part.
+    pub fn usage(&self, completion_tokens: usize) -> Usage {
+        let cached = self.cached.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        Usage::new(self.prompt_tokens, completion_tokens).with_cached(cached)
     }
 
     /// Next update of any choice; `None` once all have finished.
@@ -152,6 +173,8 @@ struct ChoiceRun {
     index: usize,
     /// `None` once finished: dropping the stream tells the engine to stop.
     stream: Option<GenerateStream>,
+    /// Where this choice's cached prompt tokens are told (`cached[index]`).
+    cached: Arc<[AtomicUsize]>,
     decoder: ChoiceDecoder,
     /// Special tokens' text left out (vLLM's `skip_special_tokens`, the default).
     skip_special: bool,
@@ -187,6 +210,11 @@ impl ChoiceRun {
                         index: self.index,
                         scores,
                     })
+                }
+                Some(GenerateEvent::PromptCached(tokens)) => {
+                    if let Some(slot) = self.cached.get(self.index) {
+                        slot.store(tokens, Ordering::Relaxed);
+                    }
                 }
                 Some(GenerateEvent::Token(token)) => match self.decoder.push(token, decode) {
                     Ok(Step::Continue(Some(delta))) => {

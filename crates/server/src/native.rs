@@ -187,6 +187,7 @@ impl Answers {
             "finish_reason": answer.finish_reason,
             "prompt_tokens": shape.prompt_tokens.get(index),
             "completion_tokens": ids.len(),
+            "cached_tokens": self.generation.cached_tokens_of(index),
             "e2e_latency": shape.arrival.elapsed().as_secs_f64(),
             "tokens_by_model": by_model,
             "switches": sources.windows(2).filter(|w| w[0] != w[1]).count(),

@@ -8,7 +8,6 @@ use axum::response::Response;
 use crate::echo::Echo;
 use crate::error::ApiError;
 use crate::generation::{ChoiceUpdate, Generation};
-use crate::openai::response::Usage;
 use crate::params::GenerationPlan;
 use crate::provenance::ProvenanceCounter;
 use crate::render::{ChoiceOutput, Kind, ResponseContext};
@@ -87,6 +86,6 @@ async fn collect(ctx: ResponseContext, mut generation: Generation) -> Result<Res
             }
         }
     }
-    let usage = Usage::new(generation.prompt_tokens, provenance.completion_tokens());
+    let usage = generation.usage(provenance.completion_tokens());
     Ok(ctx.full(outputs, usage, provenance.snapshot()))
 }

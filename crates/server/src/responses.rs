@@ -183,12 +183,11 @@ impl Answer {
             Some(true) => ("incomplete", json!({"reason": "max_output_tokens"})),
         };
         let usage = finished.map(|_| {
-            let (input, output) = (
-                self.generation.prompt_tokens,
-                self.provenance.completion_tokens(),
-            );
-            // Cached and reasoning tokens are not told apart here: reported as 0.
-            json!({"input_tokens": input, "input_tokens_details": {"cached_tokens": 0},
+            let usage = self.generation.usage(self.provenance.completion_tokens());
+            let (input, output) = (usage.prompt_tokens, usage.completion_tokens);
+            let cached = usage.prompt_tokens_details.cached_tokens;
+            // Reasoning tokens are not told apart here: reported as 0.
+            json!({"input_tokens": input, "input_tokens_details": {"cached_tokens": cached},
                 "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": input + output})
         });

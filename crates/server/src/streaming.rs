@@ -14,7 +14,6 @@ use futures_util::stream::{self, StreamExt};
 use tokenrouter_api::TokenEvent;
 
 use crate::generation::{ChoiceUpdate, Generation};
-use crate::openai::response::Usage;
 use crate::provenance::ProvenanceCounter;
 use crate::reasoning::{ReasoningReader, Split};
 use crate::render::{tool_finish, ResponseContext, SoFar};
@@ -98,10 +97,7 @@ impl SseState {
                 self.done = true;
                 let mut events = Vec::new();
                 if self.ctx.include_usage {
-                    let usage = Usage::new(
-                        self.generation.prompt_tokens,
-                        self.provenance.completion_tokens(),
-                    );
+                    let usage = self.generation.usage(self.provenance.completion_tokens());
                     let chunk = self.ctx.usage_chunk(usage, self.provenance.snapshot());
                     events.push(Event::default().data(chunk));
                 }
@@ -158,10 +154,7 @@ impl SseState {
         };
         let so_far = SoFar {
             provenance,
-            usage: Usage::new(
-                self.generation.prompt_tokens,
-                self.provenance.completion_tokens(),
-            ),
+            usage: self.generation.usage(self.provenance.completion_tokens()),
             stop_reason,
         };
         let chunk = self.ctx.chunk(index, first, &delta, shown, reason, so_far);

@@ -486,6 +486,7 @@ fn a_router_trained_on_the_tiny_pair_serves_through_r2r() {
             match ev {
                 GenerateEvent::Token(_) => tokens += 1,
                 GenerateEvent::Finished { .. } => return tokens,
+                GenerateEvent::PromptCached(_) => {}
                 GenerateEvent::Error(err) => panic!("{err}"),
                 GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
             }

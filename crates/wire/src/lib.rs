@@ -12,8 +12,9 @@ use tonic::transport::{Channel, Endpoint, Server};
 
 /// Bumped on any change of meaning; both ends must be equal (v2: prompt scores, which a
 /// v1 remote would drop silently; v3: output constraints, which a v2 remote would ignore;
-/// v4: token restrictions, `min_tokens` / `allowed_token_ids` / `bad_words`, likewise).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// v4: token restrictions, `min_tokens` / `allowed_token_ids` / `bad_words`, likewise; v5:
+/// the prompt tokens a remote's prefix cache gave, which a v4 front would not understand).
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Largest message either side decodes (a first contact carries the whole prompt).
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;

@@ -195,7 +195,7 @@ pub async fn end_within(
     tokio::time::timeout(within, async {
         loop {
             match s.events.recv().await {
-                Some(GenerateEvent::Token(_)) => {}
+                Some(GenerateEvent::Token(_) | GenerateEvent::PromptCached(_)) => {}
                 other => return other,
             }
         }

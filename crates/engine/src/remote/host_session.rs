@@ -181,6 +181,10 @@ impl HostSession {
                         rid,
                         tokens: scores.iter().map(|t| token_to_pb(rid, 0, t)).collect(),
                     }),
+                    GenerateEvent::PromptCached(tokens) => M::PromptCached(pb::PromptCached {
+                        rid,
+                        tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+                    }),
                     GenerateEvent::Token(t) => M::Token(token_to_pb(rid, pos, &t)),
                     GenerateEvent::Finished { reason } => M::Finished(pb::Finished {
                         rid,

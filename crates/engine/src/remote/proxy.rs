@@ -270,6 +270,11 @@ impl Proxy {
                         .send_prompt_scores(scores.tokens.iter().map(token_from_pb).collect());
                 }
             }
+            M::PromptCached(c) => {
+                if let Some(p) = self.parked.get(&c.rid) {
+                    p.req.report_cached_prompt(c.tokens as usize);
+                }
+            }
             M::Finished(f) => {
                 if let Some(p) = self.parked.get(&f.rid) {
                     p.req.finish(reason_from_pb(f.reason));

@@ -43,7 +43,11 @@ impl SubServer {
                     // request's reuses its cached blocks.
                     prefill = true;
                     if self.runner.prefix_caching() {
-                        self.runner.attach_prefix(r.rid, &r.tokens_from(0))
+                        let hit = self.runner.attach_prefix(r.rid, &r.tokens_from(0));
+                        if r.output.is_empty() {
+                            r.report_cached_prompt(hit);
+                        }
+                        hit
                     } else {
                         0
                     }

@@ -116,6 +116,7 @@ pub async fn run(e: &Engine, req: GenerateRequest) -> (Vec<u32>, Vec<usize>) {
                 src.push(t.source);
             }
             GenerateEvent::Finished { .. } => break,
+            GenerateEvent::PromptCached(_) => {}
             GenerateEvent::Error(m) => panic!("request failed: {m}"),
             GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
         }

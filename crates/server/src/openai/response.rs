@@ -13,6 +13,13 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's breakdown of the prompt tokens: how many were read from the prefix cache.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -21,7 +28,14 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails::default(),
         }
+    }
+
+    /// With `cached` of the prompt tokens read from the prefix cache.
+    pub fn with_cached(mut self, cached: usize) -> Self {
+        self.prompt_tokens_details.cached_tokens = cached;
+        self
     }
 }
 

@@ -142,7 +142,8 @@ async fn chat_completion_has_openai_shape_usage_and_provenance() {
     let completion = SCRIPT.len() + 1; // every byte plus EOS
     assert_eq!(
         body["usage"],
-        json!({"prompt_tokens": prompt.len(), "completion_tokens": completion, "total_tokens": prompt.len() + completion})
+        json!({"prompt_tokens": prompt.len(), "completion_tokens": completion, "total_tokens": prompt.len() + completion,
+            "prompt_tokens_details": {"cached_tokens": 0}})
     );
     let quick = (0..completion)
         .filter(|&i| source_of(i, None, 2) == 0)

@@ -3,7 +3,9 @@
 //! generator task that writes a fixed script one byte-token at a time, alternating the
 //! writing model every two tokens (or staying on the pinned model). It records every
 //! submitted request and every abort, so tests can check the mapping of request fields
-//! and that dropping a response aborts the engine request. Shared by the integration tests
+//! and that dropping a response aborts the engine request. Like the engine's prefix cache,
+//! it reports as cached the longest start a prompt shares with an earlier one (never all
+//! of it). Shared by the integration tests
 //! and `examples/mock_server.rs`.
 
 #![allow(dead_code)]
@@ -279,9 +281,17 @@ impl Backend for MockBackend {
                 }
             }
             log.running += 1;
+            let cached = log
+                .submitted
+                .iter()
+                .map(|earlier| common_start(&earlier.prompt_ids, &request.prompt_ids))
+                .max()
+                .unwrap_or(0)
+                .min(request.prompt_ids.len().saturating_sub(1));
             log.submitted.push(request.clone());
-            log.submitted.len() as u64
+            (log.submitted.len() as u64, cached)
         };
+        let (request_id, cached) = request_id;
         self.changed.notify_waiters();
         let (tx, rx) = mpsc::unbounded_channel();
         let script = self.script_for(&request).into_bytes();
@@ -291,6 +301,7 @@ impl Backend for MockBackend {
         }
         let (log, changed, cfg) = (self.log.clone(), self.changed.clone(), self.cfg.clone());
         tokio::spawn(async move {
+            let _ = tx.send(GenerateEvent::PromptCached(cached));
             let outcome = generate(&tx, &request, max_tokens, &script, &cfg).await;
             let mut log = lock(&log);
             log.running -= 1;
@@ -390,6 +401,10 @@ async fn generate(
         reason: FinishReason::Length,
     });
     Outcome::Completed
+}
+
+fn common_start(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 async fn pause(delay: Duration) {

@@ -1,0 +1,85 @@
+//! The prompt tokens a request's first model takes from its prefix cache, as the engine
+//! tells its client (`GenerateEvent::PromptCached`, OpenAI's `cached_tokens`): whole
+//! 16-token blocks of an earlier request's prompt, never the last position, counted where
+//! the request starts (the entry model, or the model it is pinned to).
+
+mod common;
+
+use common::{greedy_request, pair, prompt, start};
+use tokenrouter_api::{Backend, GenerateEvent};
+use tokenrouter_engine::Engine;
+
+/// Runs `pinned`'s request to its end: the cached count told and the tokens.
+async fn cached_and_tokens(e: &Engine, ids: &[u32], pinned: Option<usize>) -> (usize, Vec<u32>) {
+    let mut req = greedy_request(ids.to_vec(), 6);
+    req.pinned_model = pinned;
+    let mut s = e.submit(req).unwrap();
+    let (mut cached, mut tokens) = (None, Vec::new());
+    while let Some(ev) = s.events.recv().await {
+        match ev {
+            GenerateEvent::PromptCached(n) => {
+                assert!(tokens.is_empty(), "told after a token");
+                cached = Some(n);
+            }
+            GenerateEvent::Token(t) => tokens.push(t.id),
+            GenerateEvent::Finished { .. } => break,
+            GenerateEvent::Error(m) => panic!("request failed: {m}"),
+            GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
+        }
+    }
+    (cached.expect("the cached count is told"), tokens)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_prompt_reports_its_cached_blocks_at_the_first_model() {
+    let p = pair();
+    let e = start(common::config(
+        &p,
+        "random",
+        "{p: 0.5, seed: 3}",
+        "random",
+        "",
+        "async",
+    ));
+    let ids = prompt(40, 7);
+    let (first, answer) = cached_and_tokens(&e, &ids, None).await;
+    assert_eq!(first, 0, "nothing is cached yet");
+    // Two whole blocks of the 39 positions before the last.
+    let (again, repeated) = cached_and_tokens(&e, &ids, None).await;
+    assert_eq!((again, &repeated), (32, &answer));
+    // A prompt sharing the first block only.
+    let mut other = ids.clone();
+    other[20] += 1;
+    assert_eq!(cached_and_tokens(&e, &other, None).await.0, 16);
+
+    // Pinned to the large model: its own cache counts, not the entry model's.
+    let fresh = prompt(40, 9);
+    assert_eq!(cached_and_tokens(&e, &fresh, Some(1)).await.0, 0);
+    assert_eq!(cached_and_tokens(&e, &fresh, Some(1)).await.0, 32);
+    assert_eq!(cached_and_tokens(&e, &fresh, Some(0)).await.0, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_prefix_caching_nothing_is_told() {
+    let p = pair();
+    let file = common::config_file(&p, "random", "{p: 0.5, seed: 3}", "random", "", "async");
+    let yaml = std::fs::read_to_string(&file).unwrap();
+    let yaml = yaml.replace(
+        "kv_cache_tokens: 8192\n",
+        "kv_cache_tokens: 8192\n    prefix_cache: false\n",
+    );
+    std::fs::write(&file, yaml).unwrap();
+    let e = start(tokenrouter_engine::EngineConfig::from_file(&file).unwrap());
+    let ids = prompt(40, 7);
+    for _ in 0..2 {
+        let mut s = e.submit(greedy_request(ids.clone(), 4)).unwrap();
+        while let Some(ev) = s.events.recv().await {
+            match ev {
+                GenerateEvent::PromptCached(n) => panic!("told {n} cached tokens"),
+                GenerateEvent::Finished { .. } => break,
+                GenerateEvent::Error(m) => panic!("request failed: {m}"),
+                _ => {}
+            }
+        }
+    }
+}
