@@ -219,6 +219,12 @@ impl Engine {
         }
     }
 
+    /// Every model forgets its cached prefixes (SGLang's `flush_cache`).
+    fn flush_cache(&self) -> PyResult<()> {
+        use tokenrouter_api::Backend;
+        self.engine.flush_cache().map_err(submit_error)
+    }
+
     /// Prometheus text exposition of the engine's metrics.
     fn metrics_text(&self) -> String {
         self.engine.metrics_text()

@@ -76,12 +76,19 @@ def test_input_ids_single_and_list(engine):
     assert isinstance(two, list) and len(two) == 2
 
 
+GREEDY2 = {"max_new_tokens": 2, "temperature": 0}
+
+
 def test_a_repeated_prompt_reports_its_cached_tokens(engine):
     ids = list(range(40, 80))  # 40 tokens: two whole 16-token blocks before the last
-    first = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 2}, model="quick")
-    again = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 2}, model="quick")
+    first = engine.generate(input_ids=ids, sampling_params=GREEDY2, model="quick")
+    again = engine.generate(input_ids=ids, sampling_params=GREEDY2, model="quick")
     assert again["meta_info"]["cached_tokens"] == 32, again["meta_info"]
     assert first["meta_info"]["cached_tokens"] <= again["meta_info"]["cached_tokens"]
+    assert engine.flush_cache() is True
+    flushed = engine.generate(input_ids=ids, sampling_params=GREEDY2, model="quick")
+    assert flushed["meta_info"]["cached_tokens"] == 0
+    assert flushed["output_ids"] == again["output_ids"]
 
 
 def test_return_logprob_with_logprob_start_len_scores_the_prompt(engine):

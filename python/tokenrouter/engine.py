@@ -204,6 +204,12 @@ class TokenRoutingEngine:
             input_ids=self.tokenize(text), sampling_params=sampling_params, stream=stream, model=model
         )
 
+    def flush_cache(self) -> bool:
+        """Every model forgets its cached prefixes: requests after this call reuse nothing
+        computed before it (SGLang's ``Engine.flush_cache``). Running requests keep theirs."""
+        self._engine.flush_cache()
+        return True
+
     def metrics(self) -> str:
         """The engine's Prometheus metrics (the text ``/metrics`` serves)."""
         return self._engine.metrics_text()

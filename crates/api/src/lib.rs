@@ -472,6 +472,10 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Prometheus text exposition of the engine's metrics.
     fn metrics_text(&self) -> String;
+    /// Every model forgets its cached prefixes (SGLang's `/flush_cache`, vLLM's
+    /// `/reset_prefix_cache`): requests submitted after the call reuse nothing computed
+    /// before it; running requests keep what they hold. `NotReady` once the engine stopped.
+    fn flush_cache(&self) -> Result<(), SubmitError>;
     /// Models that cannot serve now (name, why): a model whose loop went down, or one stuck
     /// in a step past the watchdog. `/health` answers 503 naming them.
     fn unhealthy(&self) -> Vec<(String, String)> {

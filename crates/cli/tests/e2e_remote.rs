@@ -80,6 +80,10 @@ async fn prompt_scores_come_from_the_remote_model() {
     // The remote's prefix cache now holds the prompt's whole blocks (88 of its 89 positions
     // before the last): a request pinned there is told so over the wire.
     assert_eq!(cached_prompt(&front, &prompt).await, 80);
+    // A flush reaches the remote: it forgets the prompt, then caches it again.
+    front.flush_cache().unwrap();
+    assert_eq!(cached_prompt(&front, &prompt).await, 0);
+    assert_eq!(cached_prompt(&front, &prompt).await, 80);
     wait_free(&front, Duration::from_secs(5));
     front.shutdown();
 }

@@ -167,6 +167,14 @@ class Suite:
         want = (u.prompt_tokens - 1) // 16 * 16
         check(u.prompt_tokens_details is not None and u.prompt_tokens_details.cached_tokens == want,
               (u, want))
+        # SGLang's /flush_cache (vLLM's /reset_prefix_cache): the next run computes it all.
+        req = urllib.request.Request(self.root + "/flush_cache", method="POST", data=b"")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            check(resp.status == 200, resp.status)
+        flushed = self.chat(messages=messages, max_tokens=2).usage.prompt_tokens_details
+        check(flushed.cached_tokens == 0, flushed)
 
     def test_structured_output(self):
         # The official client's response_format, and vLLM's guided_* through extra_body: the

@@ -153,7 +153,7 @@ pub(crate) fn run_subserver(
 }
 
 fn run_exchange(rx: mpsc::Receiver<ToExchange>, inboxes: Vec<Inbox>) {
-    let mut ex = Exchange::default();
+    let mut ex = Exchange::new(inboxes.len());
     while let Ok(msg) = rx.recv() {
         if matches!(msg, ToExchange::Shutdown) {
             return;
@@ -164,7 +164,7 @@ fn run_exchange(rx: mpsc::Receiver<ToExchange>, inboxes: Vec<Inbox>) {
 
 /// Sync mode: one thread steps every model in turn; hand-offs land between ticks.
 fn run_lockstep(mut subs: Vec<SubServer>, rx: mpsc::Receiver<ToExchange>) {
-    let mut ex = Exchange::default();
+    let mut ex = Exchange::new(subs.len());
     let mut out = Vec::new();
     loop {
         let busy = subs.iter().any(|s| s.has_work());

@@ -13,16 +13,25 @@ pub enum ToExchange {
     Submit(Box<Req>),
     /// Something a sub-server produced.
     Out(ModelIndex, Outbound),
+    /// Every model forgets its cached prefixes; submissions after it come after it.
+    FlushCache,
     Shutdown,
 }
 
-#[derive(Default)]
 pub struct Exchange {
     /// Bitmask of models that have seen each live request.
     touched: HashMap<u64, u64>,
+    models: usize,
 }
 
 impl Exchange {
+    pub fn new(models: usize) -> Self {
+        Self {
+            touched: HashMap::new(),
+            models,
+        }
+    }
+
     /// Route one message; `deliver` puts an inbound message into a model's inbox.
     pub fn handle(&mut self, msg: ToExchange, deliver: &mut dyn FnMut(ModelIndex, Inbound)) {
         match msg {
@@ -41,6 +50,11 @@ impl Exchange {
                     if m != from && mask & (1 << m) != 0 {
                         deliver(m, Inbound::Free(rid));
                     }
+                }
+            }
+            ToExchange::FlushCache => {
+                for m in 0..self.models {
+                    deliver(m, Inbound::FlushCache);
                 }
             }
             ToExchange::Shutdown => {}

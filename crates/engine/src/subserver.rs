@@ -28,6 +28,9 @@ pub enum Inbound {
     Admit(Box<Req>),
     /// A request finished elsewhere: free its KV here.
     Free(u64),
+    /// Forget every cached prefix (`/flush_cache`): requests that arrive after it reuse
+    /// nothing computed before.
+    FlushCache,
 }
 
 /// Messages out of a sub-server, for the inter-model loop.
@@ -186,8 +189,18 @@ impl SubServer {
                 self.runner.free(rid);
                 self.policy.forget(rid);
             }
+            Inbound::FlushCache => self.flush_cache(),
         }
         self.publish();
+    }
+
+    fn flush_cache(&mut self) {
+        let dropped = self.runner.flush_prefix_cache();
+        tracing::info!(
+            model = self.name(),
+            blocks = dropped,
+            "prefix cache flushed"
+        );
     }
 
     /// Delayed batching: hold back while fewer requests are here than the threshold for the

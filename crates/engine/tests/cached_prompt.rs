@@ -1,7 +1,8 @@
 //! The prompt tokens a request's first model takes from its prefix cache, as the engine
 //! tells its client (`GenerateEvent::PromptCached`, OpenAI's `cached_tokens`): whole
 //! 16-token blocks of an earlier request's prompt, never the last position, counted where
-//! the request starts (the entry model, or the model it is pinned to).
+//! the request starts (the entry model, or the model it is pinned to). A flush
+//! (`Backend::flush_cache`) forgets every model's cache.
 
 mod common;
 
@@ -57,6 +58,16 @@ async fn a_repeated_prompt_reports_its_cached_blocks_at_the_first_model() {
     assert_eq!(cached_and_tokens(&e, &fresh, Some(1)).await.0, 0);
     assert_eq!(cached_and_tokens(&e, &fresh, Some(1)).await.0, 32);
     assert_eq!(cached_and_tokens(&e, &fresh, Some(0)).await.0, 0);
+
+    // A flush: the next request on either model reuses nothing, and caches anew.
+    e.flush_cache().unwrap();
+    for model in [Some(1), None] {
+        let (cached, tokens) = cached_and_tokens(&e, &fresh, model).await;
+        assert_eq!(cached, 0, "{model:?}");
+        assert_eq!(cached_and_tokens(&e, &fresh, model).await, (32, tokens));
+    }
+    e.shutdown();
+    assert!(e.flush_cache().is_err(), "a stopped engine says so");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

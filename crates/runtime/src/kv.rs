@@ -202,6 +202,18 @@ impl BlockManager {
         len
     }
 
+    /// Forget every cached prefix (SGLang's `/flush_cache`, vLLM's `/reset_prefix_cache`):
+    /// no later sequence reuses what was computed before. Returns the cached blocks dropped.
+    pub fn flush_prefix_cache(&mut self) -> usize {
+        let Some(prefix) = self.prefix.as_mut() else {
+            return 0;
+        };
+        let indexed = prefix.cached_blocks();
+        let parked = prefix.clear();
+        self.free.extend(parked);
+        indexed
+    }
+
     /// Make room for every (sequence, new tokens) pair, or for none of them.
     pub fn reserve(&mut self, rows: &[(SeqId, usize)]) -> Result<()> {
         let needed: usize = rows
@@ -454,6 +466,28 @@ mod tests {
         // index keeps the first copy.
         assert_eq!(m.table(4).unwrap().blocks[..2], first[..2]);
         assert_eq!(m.prefix_hits(), (5 + 5 + 4 + 5, 2 + 2 + 4));
+    }
+
+    #[test]
+    fn a_flush_forgets_every_prefix_and_leaks_no_block() {
+        let mut m = prefix_manager(6);
+        write(&mut m, 1, &[1, 2, 3, 4, 5]);
+        m.free_seq(1);
+        write(&mut m, 2, &[1, 2, 3, 4, 6]);
+        assert_eq!(
+            m.flush_prefix_cache(),
+            2,
+            "the two full blocks were indexed"
+        );
+        assert_eq!(m.usage().cached_blocks, 0);
+        assert_eq!(m.usage().used_blocks, 3, "sequence 2 keeps what it holds");
+        assert_eq!(write(&mut m, 3, &[1, 2, 3, 4, 5]), 0, "nothing is reused");
+        m.free_seq(2);
+        m.free_seq(3);
+        // Sequence 2's blocks were forgotten (freed); sequence 3's full ones are cached anew.
+        assert_eq!((m.usage().used_blocks, m.usage().cached_blocks), (0, 2));
+        assert_eq!(m.available(), 6);
+        assert_eq!(write(&mut m, 4, &[1, 2, 3, 4, 5]), 4);
     }
 
     #[test]

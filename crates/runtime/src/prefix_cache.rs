@@ -116,6 +116,22 @@ impl PrefixIndex {
         Some(block)
     }
 
+    /// Blocks indexed, parked or held.
+    pub fn cached_blocks(&self) -> usize {
+        self.hash_of_block.len()
+    }
+
+    /// Forget every cached prefix: returns the parked blocks (free now); blocks that
+    /// sequences hold stay theirs and are freed normally when they let go.
+    pub fn clear(&mut self) -> Vec<u32> {
+        let parked = self.idle.values().copied().collect();
+        self.by_hash.clear();
+        self.hash_of_block.clear();
+        self.idle.clear();
+        self.idle_since.clear();
+        parked
+    }
+
     /// Parked blocks: cached, held by nobody, reusable at once.
     pub fn idle_blocks(&self) -> usize {
         self.idle.len()

@@ -317,6 +317,11 @@ impl Runner {
         self.blocks.prefix_caching()
     }
 
+    /// Forget every cached prefix (see `BlockManager::flush_prefix_cache`).
+    pub fn flush_prefix_cache(&mut self) -> usize {
+        self.blocks.flush_prefix_cache()
+    }
+
     /// For a sequence not cached yet that will hold `tokens`: reuse the cached blocks of its
     /// longest cached prefix. Returns the positions now cached (0 without a hit).
     pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {

@@ -1,6 +1,6 @@
-//! API-key check for `/v1/*` and SGLang's `/generate`, `/health_generate` and
-//! `/get_model_info` (every route that generates or names the models) when a key is
-//! configured (`Authorization: Bearer <key>`); health, metrics, version and tokenize stay
+//! API-key check for `/v1/*`, SGLang's `/generate`, `/health_generate`, `/get_model_info`
+//! and `/flush_cache`, and vLLM's `/reset_prefix_cache` (every route that generates, names
+//! the models or changes the server's state) when a key is configured (`Authorization: Bearer <key>`); health, metrics, version and tokenize stay
 //! open, as in vLLM.
 
 use axum::extract::{Request, State};
@@ -14,7 +14,13 @@ use crate::state::AppState;
 pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(key) = state.config.api_key.as_deref() {
         let path = req.uri().path();
-        let guarded = ["/generate", "/health_generate", "/get_model_info"];
+        let guarded = [
+            "/generate",
+            "/health_generate",
+            "/get_model_info",
+            "/flush_cache",
+            "/reset_prefix_cache",
+        ];
         if path == "/v1" || path.starts_with("/v1/") || guarded.contains(&path) {
             let given = req
                 .headers()

@@ -93,6 +93,14 @@ impl Backend for Engine {
         self.inner.metrics.text()
     }
 
+    fn flush_cache(&self) -> Result<(), SubmitError> {
+        let tx = self.inner.to_exchange.lock().ok().and_then(|t| t.clone());
+        match tx.map(|tx| tx.send(ToExchange::FlushCache)) {
+            Some(Ok(())) => Ok(()),
+            _ => Err(SubmitError::NotReady("the engine is not running".into())),
+        }
+    }
+
     fn unhealthy(&self) -> Vec<(String, String)> {
         self.inner
             .shared

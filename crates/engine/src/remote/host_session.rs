@@ -42,6 +42,9 @@ impl HostSession {
                 }
                 let _ = self.inbox.send(Inbound::Free(f.rid));
             }
+            M::FlushCache(_) => {
+                let _ = self.inbox.send(Inbound::FlushCache);
+            }
             M::Abort(a) => {
                 if let Some(Copy::Here(flag)) = self.copies.get(&a.rid) {
                     flag.store(true, Ordering::SeqCst);

@@ -155,6 +155,9 @@ impl Proxy {
                         self.remote_len.remove(&rid);
                         send(&tx, pb::front_msg::M::Free(pb::Free { rid }));
                     }
+                    Some(Inbound::FlushCache) => {
+                        send(&tx, pb::front_msg::M::FlushCache(pb::FlushCache {}));
+                    }
                 },
                 msg = rx.message() => match msg {
                     Ok(Some(pb::RemoteMsg { m: Some(m) })) => {

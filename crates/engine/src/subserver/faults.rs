@@ -89,6 +89,7 @@ impl SubServer {
                 self.runner.free(rid);
                 self.policy.forget(rid);
             }
+            Inbound::FlushCache => {}
         }
         self.publish();
     }

@@ -1,5 +1,6 @@
 //! Operational endpoints: `/health` (503 until the backend is ready and while shutting
-//! down), SGLang's `/health_generate` (a token from every model) and `/get_model_info`,
+//! down), SGLang's `/health_generate` (a token from every model), `/get_model_info` and
+//! `/flush_cache` (vLLM's `/reset_prefix_cache`),
 //! `/metrics` (engine exposition followed by the server's own), `/version`, and the
 //! OpenAI-shaped 404 for unknown routes.
 
@@ -114,6 +115,14 @@ pub async fn model_info(State(state): State<AppState>) -> Json<serde_json::Value
         "served_model_name": state.config.served_model_name,
         "models": models,
     }))
+}
+
+/// SGLang's `/flush_cache` and vLLM's `/reset_prefix_cache`: every model forgets its cached
+/// prefixes before any request that arrives after this answer (running requests keep what
+/// they hold, so unlike SGLang it need not wait for an idle server).
+pub async fn flush_cache(State(state): State<AppState>) -> Result<&'static str, ApiError> {
+    state.backend.flush_cache()?;
+    Ok("Cache flushed.\n")
 }
 
 pub async fn metrics(State(state): State<AppState>) -> Response {

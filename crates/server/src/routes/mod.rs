@@ -27,6 +27,11 @@ pub fn build(state: AppState) -> Router {
         .route("/health", get(misc::health))
         .route("/health_generate", get(misc::health_generate))
         .route("/get_model_info", get(misc::model_info))
+        .route(
+            "/flush_cache",
+            get(misc::flush_cache).post(misc::flush_cache),
+        )
+        .route("/reset_prefix_cache", post(misc::flush_cache))
         .route("/metrics", get(misc::metrics))
         .route("/version", get(misc::version))
         .route("/generate", post(generate::generate))

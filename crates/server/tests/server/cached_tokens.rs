@@ -2,10 +2,14 @@
 //! `usage.prompt_tokens_details.cached_tokens` (whole and streamed), the Responses API's
 //! `input_tokens_details`, SGLang's `meta_info.cached_tokens`. The mock caches like the
 //! engine: a prompt's longest start shared with an earlier prompt, never all of it.
+//! SGLang's `/flush_cache` and vLLM's `/reset_prefix_cache` forget what is cached.
 
 use serde_json::json;
 
-use crate::common::{app, chat_body, mock, post_json, stream_chunks};
+use axum::http::StatusCode;
+
+use crate::common::{app, chat_body, get, mock, post, post_json, send, stream_chunks, text};
+use crate::mock::{MockBackend, MockConfig};
 
 #[tokio::test]
 async fn chat_usage_counts_the_cached_start_of_a_repeated_prompt() {
@@ -66,4 +70,32 @@ async fn responses_and_generate_tell_the_cached_tokens() {
     // The batch's prompts are submitted in order: the second shares "xy" with the first.
     assert_eq!(out[0]["meta_info"]["cached_tokens"], 0, "{out}");
     assert_eq!(out[1]["meta_info"]["cached_tokens"], 2, "{out}");
+}
+
+#[tokio::test]
+async fn flush_cache_and_reset_prefix_cache_forget_what_is_cached() {
+    let m = mock();
+    let cached =
+        |r: &serde_json::Value| r["usage"]["prompt_tokens_details"]["cached_tokens"].clone();
+    let ask = || post_json(app(&m), "/v1/chat/completions", chat_body("hi"));
+    ask().await;
+    assert_ne!(cached(&ask().await.1), 0);
+    for flush in [
+        post("/flush_cache", ""),
+        get("/flush_cache"),
+        post("/reset_prefix_cache", ""),
+    ] {
+        let resp = send(app(&m), flush).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(text(resp).await, "Cache flushed.\n");
+        assert_eq!(cached(&ask().await.1), 0, "nothing is reused after a flush");
+        assert_ne!(cached(&ask().await.1), 0);
+    }
+    // Still loading: 503, as for a generation.
+    let loading = MockBackend::new(MockConfig {
+        ready: false,
+        ..MockConfig::default()
+    });
+    let resp = send(app(&loading), post("/flush_cache", "")).await;
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
 }

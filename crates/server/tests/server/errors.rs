@@ -246,13 +246,19 @@ async fn api_key_guards_v1_and_generate_only() {
             .status(),
         StatusCode::OK
     );
-    for guarded in ["/health_generate", "/get_model_info"] {
+    for guarded in ["/health_generate", "/get_model_info", "/flush_cache"] {
         assert_eq!(
             send(app.clone(), get(guarded)).await.status(),
             StatusCode::UNAUTHORIZED,
             "{guarded}"
         );
     }
+    assert_eq!(
+        send(app.clone(), post("/reset_prefix_cache", ""))
+            .await
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
     for open in ["/health", "/metrics", "/version"] {
         assert_eq!(
             send(app.clone(), get(open)).await.status(),

@@ -31,6 +31,8 @@ const PATHS: &[&str] = &[
     "/v1/responses",
     "/health_generate",
     "/get_model_info",
+    "/flush_cache",
+    "/reset_prefix_cache",
     "/v1/chat/completions/",
     "/v2/x",
     "/",

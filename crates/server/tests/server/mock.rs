@@ -78,6 +78,8 @@ pub struct MockLog {
     pub running: usize,
     /// Last `apply_chat_template` call: (messages, add_generation_prompt, kwargs).
     pub last_template: Option<(Vec<ChatMessage>, bool, Value)>,
+    /// Requests submitted before the last `flush_cache` (their prompts are not cached).
+    pub flushed_before: usize,
 }
 
 pub struct MockBackend {
@@ -281,8 +283,7 @@ impl Backend for MockBackend {
                 }
             }
             log.running += 1;
-            let cached = log
-                .submitted
+            let cached = log.submitted[log.flushed_before..]
                 .iter()
                 .map(|earlier| common_start(&earlier.prompt_ids, &request.prompt_ids))
                 .max()
@@ -318,6 +319,15 @@ impl Backend for MockBackend {
             stop_ids,
             events: rx,
         })
+    }
+
+    fn flush_cache(&self) -> Result<(), SubmitError> {
+        if !self.is_ready() {
+            return Err(SubmitError::NotReady("mock is loading".into()));
+        }
+        let mut log = lock(&self.log);
+        log.flushed_before = log.submitted.len();
+        Ok(())
     }
 
     fn metrics_text(&self) -> String {
