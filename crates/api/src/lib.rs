@@ -337,9 +337,8 @@ pub enum GenerateEvent {
     /// token after the first, in order; `source` is the scoring model, `router_score` None.
     Prompt(Vec<TokenEvent>),
     /// How many prompt tokens the request's first model took from its prefix cache instead
-    /// of computing them (OpenAI's `cached_tokens`): sent before the first token, when the
-    /// model caches prefixes (again, and to be believed instead, if the request had to be
-    /// computed anew before writing anything).
+    /// of computing them (OpenAI's `cached_tokens`): sent once, before the first token, when
+    /// that model caches prefixes.
     PromptCached(usize),
     Token(TokenEvent),
     Finished {

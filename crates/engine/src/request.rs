@@ -69,6 +69,9 @@ pub struct Req {
     /// Shortest `total_len()` since [`Req::mark_returned`]: tokens at and beyond it may
     /// differ from what a remote copy of the request holds.
     low_water: usize,
+    /// The cached prompt tokens were told (by the first model; a model the request reaches
+    /// later with its output rewritten to empty must not tell its own).
+    cached_told: bool,
     events: EventSink,
 }
 
@@ -105,6 +108,7 @@ impl Req {
             visit_tokens: 0,
             handed_off: None,
             low_water,
+            cached_told: false,
             events: events.into(),
         }
     }
@@ -204,9 +208,12 @@ impl Req {
         self.emit(GenerateEvent::Prompt(scores), 0);
     }
 
-    /// Tells the client how many prompt tokens the prefix cache gave (on first contact).
-    pub fn report_cached_prompt(&self, tokens: usize) {
-        self.emit(GenerateEvent::PromptCached(tokens), 0);
+    /// Tells the client how many prompt tokens the prefix cache gave, once: the first
+    /// model's count (a remote copy's report is filtered by the front end's request).
+    pub fn report_cached_prompt(&mut self, tokens: usize) {
+        if !std::mem::replace(&mut self.cached_told, true) {
+            self.emit(GenerateEvent::PromptCached(tokens), 0);
+        }
     }
 
     /// Append a written token and stream it out.

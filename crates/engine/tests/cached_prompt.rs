@@ -12,23 +12,39 @@ use tokenrouter_engine::Engine;
 
 /// Runs `pinned`'s request to its end: the cached count told and the tokens.
 async fn cached_and_tokens(e: &Engine, ids: &[u32], pinned: Option<usize>) -> (usize, Vec<u32>) {
+    let (cached, tokens, _) = cached_tokens_sources(e, ids, pinned, 1).await;
+    (cached, tokens)
+}
+
+/// The cached count (told once, before any token), the tokens and their sources.
+async fn cached_tokens_sources(
+    e: &Engine,
+    ids: &[u32],
+    pinned: Option<usize>,
+    seed: u64,
+) -> (usize, Vec<u32>, Vec<usize>) {
     let mut req = greedy_request(ids.to_vec(), 6);
     req.pinned_model = pinned;
+    // The routing decisions follow the request's seed.
+    req.sampling.seed = Some(seed);
     let mut s = e.submit(req).unwrap();
-    let (mut cached, mut tokens) = (None, Vec::new());
+    let (mut cached, mut tokens, mut sources) = (None, Vec::new(), Vec::new());
     while let Some(ev) = s.events.recv().await {
         match ev {
             GenerateEvent::PromptCached(n) => {
                 assert!(tokens.is_empty(), "told after a token");
-                cached = Some(n);
+                assert!(cached.replace(n).is_none(), "told twice");
             }
-            GenerateEvent::Token(t) => tokens.push(t.id),
+            GenerateEvent::Token(t) => {
+                tokens.push(t.id);
+                sources.push(t.source);
+            }
             GenerateEvent::Finished { .. } => break,
             GenerateEvent::Error(m) => panic!("request failed: {m}"),
             GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
         }
     }
-    (cached.expect("the cached count is told"), tokens)
+    (cached.expect("the cached count is told"), tokens, sources)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,6 +64,16 @@ async fn a_repeated_prompt_reports_its_cached_blocks_at_the_first_model() {
     // Two whole blocks of the 39 positions before the last.
     let (again, repeated) = cached_and_tokens(&e, &ids, None).await;
     assert_eq!((again, &repeated), (32, &answer));
+    // Where the large model rewrites the first token, the request reaches it with no
+    // output: the count told is still the entry model's, once.
+    let mut rewritten_first = 0;
+    for salt in 20..40 {
+        let (cached, _, sources) =
+            cached_tokens_sources(&e, &prompt(40, salt), None, salt.into()).await;
+        assert_eq!(cached, 0);
+        rewritten_first += usize::from(sources[0] == 1);
+    }
+    assert!(rewritten_first > 0, "no first token was the large model's");
     // A prompt sharing the first block only.
     let mut other = ids.clone();
     other[20] += 1;

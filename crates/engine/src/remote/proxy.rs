@@ -274,7 +274,7 @@ impl Proxy {
                 }
             }
             M::PromptCached(c) => {
-                if let Some(p) = self.parked.get(&c.rid) {
+                if let Some(p) = self.parked.get_mut(&c.rid) {
                     p.req.report_cached_prompt(c.tokens as usize);
                 }
             }

@@ -35,7 +35,7 @@ impl SubServer {
     pub(super) fn build_rows(&mut self) -> (Vec<Row>, bool) {
         let mut rows = Vec::with_capacity(self.running.len());
         let mut prefill = false;
-        for r in &self.running {
+        for r in &mut self.running {
             let mut cached = match self.runner.seq_len(r.rid) {
                 Some(n) => n,
                 None => {
