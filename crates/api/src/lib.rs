@@ -236,6 +236,12 @@ pub struct GenerateRequest {
     /// request alike, whichever model writes a position.
     #[serde(default)]
     pub constraint: Option<OutputConstraint>,
+    /// vLLM's `priority`: with priority scheduling, a model serves the requests waiting for
+    /// it lowest value first (then oldest first), and frees KV from the highest first when
+    /// it must preempt. 0 unless asked; without priority scheduling anything else is
+    /// refused.
+    #[serde(default)]
+    pub priority: i32,
 }
 
 /// The `param` a backend names when it refuses a request's constraint
@@ -498,6 +504,7 @@ mod tests {
             routing: RoutingOverrides::default(),
             prompt_logprobs: None,
             constraint: None,
+            priority: 0,
         }
     }
 

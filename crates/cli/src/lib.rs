@@ -81,8 +81,8 @@ struct ServeArgs {
     host: String,
     #[arg(long, env = "TOKENROUTER_PORT", default_value_t = 30000)]
     port: u16,
-    /// Require `Authorization: Bearer <key>` on /v1/* and SGLang's /generate,
-    /// /health_generate and /get_model_info.
+    /// Require `Authorization: Bearer <key>` on /v1/*, SGLang's /generate,
+    /// /health_generate, /get_model_info and /flush_cache, and vLLM's /reset_prefix_cache.
     #[arg(long, env = "TOKENROUTER_API_KEY")]
     api_key: Option<String>,
     /// Seconds in-flight requests get to finish after SIGTERM.
@@ -104,6 +104,11 @@ struct ServeArgs {
     /// `reasoning_content` and `reasoning`.
     #[arg(long, default_value = "none")]
     reasoning_parser: tokenrouter_server::ReasoningParser,
+    /// Which waiting request each model serves next (vLLM's flag): `fcfs` (arrival order;
+    /// a request's `priority` must be 0) or `priority` (lowest `priority` first, then
+    /// arrival; preemption frees the highest first). Sets `system.scheduling_policy`.
+    #[arg(long, value_parser = ["fcfs", "priority"])]
+    scheduling_policy: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -230,7 +235,11 @@ fn with_kernel_env(mut cfg: EngineConfig) -> Result<EngineConfig> {
 }
 
 fn serve(a: ServeArgs) -> Result<()> {
-    let cfg = engine_config_with(a.config.as_deref(), &a.set)?;
+    let mut overrides = a.set.clone();
+    if let Some(policy) = &a.scheduling_policy {
+        overrides.push(format!("system.scheduling_policy={policy}"));
+    }
+    let cfg = engine_config_with(a.config.as_deref(), &overrides)?;
     let cors = tokenrouter_server::CorsPolicy::parse(&a.allowed_origins)?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {

@@ -471,6 +471,10 @@ class Suite:
         check(e.status_code == 400 and "temperature" in str(e), e)
         e = expect(openai.BadRequestError, lambda: self.chat(max_tokens=10**7))
         check(e.status_code == 400 and "context" in str(e), e)
+        # First come, first served (this server's scheduling policy) takes no priority.
+        e = expect(openai.BadRequestError, lambda: self.chat(max_tokens=2, extra_body={"priority": 3}))
+        check(e.status_code == 400 and e.body.get("param") == "priority", e)
+        check(self.chat(max_tokens=2, extra_body={"priority": 0}).usage.completion_tokens == 2, "priority 0")
         status, body = self.raw_post("/chat/completions", b'{"messages": [')
         check(status == 400 and "error" in body, (status, body))
         status, body = self.raw_post("/chat/completions", json.dumps(

@@ -123,6 +123,17 @@ pub enum Execution {
     Sync,
 }
 
+/// Which waiting request a model serves next (vLLM's `--scheduling-policy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulingPolicy {
+    /// First come, first served; a request's `priority` must be 0.
+    #[default]
+    Fcfs,
+    /// Lowest `priority` first, then first come; preemption frees the highest first.
+    Priority,
+}
+
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SystemSection {
@@ -140,6 +151,9 @@ pub struct SystemSection {
     /// Largest number of requests a model steps in one batch.
     #[serde(default = "default_max_batch")]
     pub max_batch_size: usize,
+    /// `fcfs` or `priority` (requests' `priority` field; vLLM's `--scheduling-policy`).
+    #[serde(default)]
+    pub scheduling_policy: SchedulingPolicy,
     /// Accepted for compatibility with TokenRouter configs; ignored on CPU.
     #[serde(default)]
     pub mem_fraction_static: Option<f64>,

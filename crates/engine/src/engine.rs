@@ -535,6 +535,7 @@ impl GenerateParams {
             routing: Default::default(),
             prompt_logprobs: None,
             constraint: None,
+            priority: 0,
         }
     }
 }

@@ -20,7 +20,7 @@ pub mod tuner;
 pub mod turn;
 pub(crate) mod warmup;
 
-pub use config::{EngineConfig, Execution, Threshold};
+pub use config::{EngineConfig, Execution, SchedulingPolicy, Threshold};
 pub use engine::{
     load_config_models, ConfigModel, Engine, EngineError, FinishedGeneration, GenerateParams,
 };

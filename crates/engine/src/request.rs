@@ -55,6 +55,8 @@ pub struct Req {
     pub prompt_logprobs: Option<usize>,
     /// The request's overrides of the routing kwargs (checked at submission).
     pub routing: RoutingOverrides,
+    /// vLLM's `priority` (lower first) where a model schedules by priority.
+    pub priority: i32,
     /// Structured output: the constraint (sent to remote models, which compile their own
     /// state) and its state here, advanced by each kept token (so it travels with the
     /// request and holds whichever model writes next).
@@ -102,6 +104,7 @@ impl Req {
             top_logprobs,
             prompt_logprobs: None,
             routing: RoutingOverrides::default(),
+            priority: 0,
             constraint: None,
             grammar: None,
             fault: None,
@@ -160,6 +163,11 @@ impl Req {
     pub fn with_prompt_logprobs(mut self, top: Option<usize>) -> Self {
         self.prompt_logprobs = top;
         self
+    }
+
+    /// Scheduling order under priority scheduling: lower priority value, then older.
+    pub fn schedule_key(&self) -> (i32, u64) {
+        (self.priority, self.rid)
     }
 
     pub fn total_len(&self) -> usize {

@@ -183,7 +183,7 @@ impl SubServer {
                     }
                 }
                 req.visit_tokens = 0;
-                self.waiting.push_back(req);
+                self.enqueue(req, false);
             }
             Inbound::Free(rid) => {
                 self.runner.free(rid);
@@ -379,16 +379,41 @@ impl SubServer {
             if needed <= self.runner.free_blocks() || self.running.len() <= 1 {
                 return;
             }
-            if let Some(req) = self.running.pop() {
+            if let Some(req) = self.preemption_victim() {
                 tracing::warn!(
                     model = self.name(),
                     rid = req.rid,
                     "KV cache full: preempting a request"
                 );
                 self.runner.free(req.rid);
-                self.waiting.push_front(req);
+                self.enqueue(req, true);
             }
         }
+    }
+
+    /// Queue a request: at the back as it arrives, or at the front when preempted; under
+    /// priority scheduling, before the first request of a larger `schedule_key` (lower
+    /// priority value first, then older), preempted or not.
+    fn enqueue(&mut self, req: Box<Req>, preempted: bool) {
+        if self.shared.priority_scheduling {
+            let key = req.schedule_key();
+            let at = self.waiting.partition_point(|w| w.schedule_key() <= key);
+            self.waiting.insert(at, req);
+        } else if preempted {
+            self.waiting.push_front(req);
+        } else {
+            self.waiting.push_back(req);
+        }
+    }
+
+    /// The running request to preempt: the newest, or under priority scheduling the one
+    /// served last (highest priority value, then newest), as vLLM picks.
+    fn preemption_victim(&mut self) -> Option<Box<Req>> {
+        let at = match self.shared.priority_scheduling {
+            true => (0..self.running.len()).max_by_key(|&i| self.running[i].schedule_key())?,
+            false => self.running.len().checked_sub(1)?,
+        };
+        Some(self.running.remove(at))
     }
 
     /// Start-up latency profile (see `profile`): median ms of decode steps by batch size,

@@ -59,6 +59,7 @@ pub(crate) fn warm_up(engine: &Engine, shared: &Shared) -> Result<(), EngineErro
             routing: Default::default(),
             prompt_logprobs: None,
             constraint: None,
+            priority: 0,
         };
         streams.push(
             engine

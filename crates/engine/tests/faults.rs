@@ -90,6 +90,12 @@ async fn out_of_vocabulary_ids_are_refused_and_neighbours_finish() {
     assert!(
         matches!(e.submit(stop), Err(SubmitError::InvalidField { param, .. }) if param == "stop_token_ids")
     );
+    let mut urgent = greedy_request(prompt(8, 9), 8);
+    urgent.priority = -3;
+    assert!(
+        matches!(e.submit(urgent), Err(SubmitError::InvalidField { param, .. }) if param == "priority"),
+        "first come, first served takes no priority"
+    );
     let mut hot = greedy_request(prompt(8, 9), 8);
     hot.sampling.temperature = f32::INFINITY;
     assert!(

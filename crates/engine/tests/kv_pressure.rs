@@ -1,7 +1,8 @@
 //! A full KV cache at one sub-server, driven step by step (no threads, no timing): KV that
 //! no running request steps on is given up before anyone fails. The case CI once hit by
 //! timing — requests back from another model queued with their KV here while the one
-//! running request needs the next block — made deterministic with a batch of one.
+//! running request needs the next block — made deterministic with a batch of one. Priority
+//! scheduling (vLLM's): the queue served by priority, preemption taking the lowest first.
 
 mod common;
 
@@ -95,9 +96,9 @@ fn outcome(rx: &mut UnboundedReceiver<GenerateEvent>) -> Result<usize, String> {
     Err(format!("not finished after {tokens} tokens"))
 }
 
-#[test]
-fn queued_requests_give_up_their_kv_before_the_running_one_fails() {
-    let p = common::pair();
+/// The small model of the tiny pair with a 512-token (32-block) cache, as a sub-server
+/// stepping `max_batch` requests, sending `away` to model 1 after their first step.
+fn sub_server(p: &common::Pair, max_batch: usize, priority: bool, away: &[u64]) -> SubServer {
     let opts = LoadOptions {
         kv: KvBudget::Tokens(512),
         ..LoadOptions::default()
@@ -106,18 +107,89 @@ fn queued_requests_give_up_their_kv_before_the_running_one_fails() {
     let runner = model.runner;
     assert_eq!(runner.usage().total_blocks, 32, "16-token blocks");
     let sample_limit = runner.config().vocab_size;
-    let shared = Arc::new(Shared::new(
+    let mut shared = Shared::new(
         vec!["quick".into(), "reference".into()],
         4096,
         sample_limit,
         vec![Threshold::default(), Threshold::default()],
         Arc::new(EngineMetrics::new().unwrap()),
         Duration::from_secs(60),
-    ));
+    );
+    shared.priority_scheduling = priority;
     let policy = AwayOnce {
-        away: HashSet::from([2, 3]),
+        away: away.iter().copied().collect(),
     };
-    let mut sub = SubServer::new(0, runner, Box::new(policy), sample_limit, 1, shared);
+    SubServer::new(
+        0,
+        runner,
+        Box::new(policy),
+        sample_limit,
+        max_batch,
+        Arc::new(shared),
+    )
+}
+
+/// The order requests finish in when `(rid, priority, tokens)` are queued behind a running
+/// request 1 at a batch of one.
+fn finishing_order(p: &common::Pair, priority: bool, queued: &[(u64, i32)]) -> Vec<u64> {
+    let mut sub = sub_server(p, 1, priority, &[]);
+    let (first, _rx) = request(1, 20, 8);
+    sub.accept(Inbound::Admit(first));
+    step_all(&mut sub, 1);
+    let mut receivers = Vec::new();
+    for &(rid, prio) in queued {
+        let (mut req, rx) = request(rid, 20, 8);
+        req.priority = prio;
+        receivers.push(rx);
+        sub.accept(Inbound::Admit(req));
+    }
+    let (_, done) = step_all(&mut sub, 1000);
+    for mut rx in receivers {
+        assert_eq!(outcome(&mut rx), Ok(8));
+    }
+    done
+}
+
+#[test]
+fn priority_scheduling_serves_the_queue_lowest_value_first_then_oldest() {
+    let p = common::pair();
+    let queued = [(2, 5), (3, -1), (4, 3), (5, 5)];
+    assert_eq!(finishing_order(&p, true, &queued), [1, 3, 4, 2, 5]);
+    assert_eq!(finishing_order(&p, false, &queued), [1, 2, 3, 4, 5]);
+}
+
+/// Three long requests outgrow the cache together: which finishes first tells which were
+/// preempted (recomputed later).
+fn preemption_order(p: &common::Pair, priority: bool) -> Vec<u64> {
+    let mut sub = sub_server(p, 4, priority, &[]);
+    let mut receivers = Vec::new();
+    for (rid, prio) in [(1, 9), (2, 0), (3, 5)] {
+        let (mut req, rx) = request(rid, 20, 300);
+        req.priority = if priority { prio } else { 0 };
+        receivers.push(rx);
+        sub.accept(Inbound::Admit(req));
+    }
+    let (_, done) = step_all(&mut sub, 5000);
+    for mut rx in receivers {
+        assert_eq!(outcome(&mut rx), Ok(300), "every request completes");
+    }
+    assert_eq!(sub.kv_used_blocks(), 0);
+    done
+}
+
+#[test]
+fn priority_preemption_takes_the_highest_value_first() {
+    let p = common::pair();
+    // The oldest request has the lowest priority: it gives way, the most urgent runs on.
+    assert_eq!(preemption_order(&p, true), [2, 3, 1]);
+    // First come, first served: the newest gives way.
+    assert_eq!(preemption_order(&p, false), [1, 2, 3]);
+}
+
+#[test]
+fn queued_requests_give_up_their_kv_before_the_running_one_fails() {
+    let p = common::pair();
+    let mut sub = sub_server(&p, 1, false, &[2, 3]);
 
     // B and C prefill here (7 blocks each) and leave for model 1, their KV pending here.
     let (b, mut b_rx) = request(2, 100, 10);

@@ -55,6 +55,8 @@ pub struct GenerationPlan {
     pub single_tool_call: bool,
     /// Structured output, and the request field that asked for it.
     pub constraint: Option<(OutputConstraint, &'static str)>,
+    /// vLLM's `priority` (the engine refuses anything but 0 without priority scheduling).
+    pub priority: i32,
 }
 
 impl GenerationPlan {
@@ -124,6 +126,7 @@ impl GenerationPlan {
             tool_names: None,
             single_tool_call: false,
             constraint,
+            priority: priority(fields.priority)?,
         })
     }
 
@@ -196,10 +199,22 @@ impl GenerationPlan {
                     routing: self.routing.clone(),
                     prompt_logprobs: self.prompt_logprobs,
                     constraint: self.constraint.as_ref().map(|(c, _)| c.clone()),
+                    priority: self.priority,
                 }
             })
             .collect())
     }
+}
+
+/// `priority`, a 32-bit integer as vLLM's.
+pub fn priority(value: Option<i64>) -> Result<i32, ApiError> {
+    let value = value.unwrap_or(0);
+    i32::try_from(value).map_err(|_| {
+        ApiError::invalid(
+            "priority",
+            format!("`priority` must be a 32-bit integer, got {value}"),
+        )
+    })
 }
 
 /// `truncate_prompt_tokens`: -1 or at least 1.

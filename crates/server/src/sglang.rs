@@ -230,6 +230,7 @@ impl Params {
             routing: self.routing.clone(),
             prompt_logprobs: self.input_logprobs.map(|i| i.top),
             constraint: self.constraint.clone(),
+            priority: 0,
         }
     }
 
@@ -275,6 +276,7 @@ impl Params {
             tool_names: None,
             single_tool_call: false,
             constraint: self.constraint.clone().map(|c| (c, "sampling_params")),
+            priority: 0,
         }
     }
 }

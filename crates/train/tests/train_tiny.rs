@@ -479,6 +479,7 @@ fn a_router_trained_on_the_tiny_pair_serves_through_r2r() {
                 ),
                 prompt_logprobs: None,
                 constraint: None,
+                priority: 0,
             })
             .unwrap();
         let mut tokens = 0;

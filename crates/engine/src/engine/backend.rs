@@ -362,7 +362,7 @@ impl Engine {
             stop_ids.extend_from_slice(eos_ids);
         }
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-        let req = Req::new(
+        let mut req = Req::new(
             rid,
             request.prompt_ids,
             sampler,
@@ -375,6 +375,7 @@ impl Engine {
         )
         .with_routing(request.routing)
         .with_prompt_logprobs(request.prompt_logprobs);
+        req.priority = request.priority;
         (
             req,
             GenerateStream {
@@ -400,6 +401,16 @@ fn validate(request: &GenerateRequest, shared: &Shared) -> Result<usize, SubmitE
                 "no model with index {p}"
             )));
         }
+    }
+    if request.priority != 0 && !shared.priority_scheduling {
+        return Err(SubmitError::InvalidField {
+            param: "priority".into(),
+            message: format!(
+                "priority {} needs priority scheduling, which is off \
+                 (system.scheduling_policy: priority; --scheduling-policy priority)",
+                request.priority
+            ),
+        });
     }
     if request.prompt_logprobs.is_some() && request.pinned_model.is_none() {
         return Err(SubmitError::InvalidField {

@@ -4,7 +4,7 @@
 //! with `address:`, a connection to the sub-server in another process).
 
 use super::{EngineError, Loaded, Slot};
-use crate::config::{EngineConfig, NamedModel};
+use crate::config::{EngineConfig, NamedModel, SchedulingPolicy};
 use crate::metrics::EngineMetrics;
 use crate::policy::{PolicyContext, Registry, Tunable};
 use crate::subserver::{Shared, SubServer};
@@ -216,6 +216,7 @@ pub(crate) fn new_shared(
         metrics,
         std::time::Duration::from_secs_f64(config.system.step_watchdog_s.clamp(0.001, 1e9)),
     );
+    shared.priority_scheduling = config.system.scheduling_policy == SchedulingPolicy::Priority;
     if let Some(path) = &config.system.cpu_turn_file {
         shared.cpu_turn = crate::turn::TurnLock::with_file(path).map_err(|e| {
             EngineError::Start(format!(

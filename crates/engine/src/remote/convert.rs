@@ -78,6 +78,7 @@ pub(crate) fn handoff(req: &Req, remote_len: Option<usize>, seq: u64) -> pb::Han
             .constraint
             .as_ref()
             .and_then(|c| serde_json::to_string(c).ok()),
+        priority: req.priority,
     });
     pb::Handoff {
         rid: req.rid,
@@ -141,6 +142,7 @@ pub(crate) fn mirror_from_first(h: &pb::Handoff, sink: EventSink) -> Result<Req,
                 .map_err(|e| format!("a malformed output constraint: {e}"))?,
         ),
     };
+    req.priority = first.priority;
     req.set_output(
         h.tokens[p..].to_vec(),
         h.sources.iter().map(|&s| s as ModelIndex).collect(),
@@ -238,6 +240,7 @@ mod tests {
     #[test]
     fn a_first_contact_rebuilds_the_request_and_deltas_keep_it_equal() {
         let (mut front, _rx) = req(5);
+        front.priority = -7;
         front.push_token(tok(11, 0));
         front.push_token(tok(12, 0));
         let first = handoff(&front, None, 1);
@@ -255,6 +258,7 @@ mod tests {
         assert_eq!(copy.sampler.counts(), front.sampler.counts());
         assert_eq!(copy.sampler.config, front.sampler.config);
         assert_eq!(copy.banned_now(), front.banned_now());
+        assert_eq!(copy.priority, -7);
         // Back at the front: the remote wrote one token, the front dropped it and wrote two.
         copy.push_token(tok(13, 1));
         front.push_token(tok(13, 1));

@@ -55,6 +55,8 @@ pub struct Shared {
     pub step_started_ms: Vec<std::sync::atomic::AtomicU64>,
     /// Steps longer than this are reported.
     pub step_watchdog: std::time::Duration,
+    /// Waiting requests are served by `priority`, not arrival (`system.scheduling_policy`).
+    pub priority_scheduling: bool,
 }
 
 /// Most step samples kept for the online tuner between its drains.
@@ -170,6 +172,7 @@ impl Shared {
                 .map(|_| std::sync::atomic::AtomicU64::new(0))
                 .collect(),
             step_watchdog,
+            priority_scheduling: false,
         }
     }
 

@@ -101,6 +101,7 @@ pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         routing: Default::default(),
         prompt_logprobs: None,
         constraint: None,
+        priority: 0,
     }
 }
 

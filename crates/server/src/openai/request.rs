@@ -53,6 +53,8 @@ pub struct CommonFields {
     pub truncate_prompt_tokens: Option<i64>,
     /// vLLM's: logprob entries name tokens as `token_id:{id}`.
     pub return_tokens_as_token_ids: Option<bool>,
+    /// vLLM's: lower is served first under priority scheduling (0 otherwise).
+    pub priority: Option<i64>,
     /// Extension: report which model wrote each token.
     pub return_token_sources: Option<bool>,
     /// Extension: per-request overrides of the routing method's kwargs

@@ -59,6 +59,9 @@ struct GenerateBody {
     rid: Option<String>,
     /// Our extension: a configured model's name pins the request to it.
     model: Option<String>,
+    /// SGLang's: the requests' priority under priority scheduling (lower first, vLLM's
+    /// order, which SGLang's `--schedule-low-priority-values-first` gives).
+    priority: Option<i64>,
     image_data: Option<Value>,
     input_embeds: Option<Value>,
 }
@@ -115,9 +118,13 @@ pub async fn generate(
                 .map(move |(p, ids)| (p.sample(i), ids))
         })
         .collect();
+    let priority = crate::params::priority(body.priority)?;
     let plans: Vec<GenerationPlan> = samples
         .iter()
-        .map(|(p, _)| p.plan(model.clone(), body.stream))
+        .map(|(p, _)| GenerationPlan {
+            priority,
+            ..p.plan(model.clone(), body.stream)
+        })
         .collect();
     let items: Vec<(&GenerationPlan, &[u32])> = plans
         .iter()

@@ -62,6 +62,7 @@ pub async fn health_generate(State(state): State<AppState>) -> Result<Response, 
             routing: Default::default(),
             prompt_logprobs: None,
             constraint: None,
+            priority: 0,
         })
         .collect();
     let started = std::time::Instant::now();

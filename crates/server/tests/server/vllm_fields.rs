@@ -1,7 +1,7 @@
 //! vLLM's request fields beyond OpenAI's: `min_tokens`, `allowed_token_ids`, `bad_words`
 //! (reaching the engine request), `include_stop_str_in_output`, `skip_special_tokens`,
 //! stop ids' text, `truncate_prompt_tokens`, `continue_final_message`,
-//! `return_tokens_as_token_ids`.
+//! `return_tokens_as_token_ids`, `priority` (also SGLang's and the Responses API's).
 
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -256,5 +256,46 @@ async fn stop_reason_names_what_stopped() {
             .unwrap();
         assert_eq!(last["choices"][0]["stop_reason"], "world", "{path}");
         assert!(chunks[0]["choices"][0]["stop_reason"].is_null());
+    }
+}
+
+#[tokio::test]
+async fn priority_reaches_the_engine_request_from_every_endpoint() {
+    let m = mock();
+    let (status, _) = complete(&m, json!({"priority": -4})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(last_submitted(&m).priority, -4);
+    let mut chat = chat_body("hi");
+    chat["priority"] = json!(7);
+    post_json(app(&m), "/v1/chat/completions", chat).await;
+    assert_eq!(last_submitted(&m).priority, 7);
+    post_json(
+        app(&m),
+        "/v1/responses",
+        json!({"input": "hi", "priority": 2}),
+    )
+    .await;
+    assert_eq!(last_submitted(&m).priority, 2);
+    let (status, _) = post_json(
+        app(&m),
+        "/generate",
+        json!({"text": ["a", "b"], "priority": 3, "sampling_params": {"max_new_tokens": 2}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let priorities: Vec<i32> = m.log().submitted.iter().map(|r| r.priority).collect();
+    assert_eq!(priorities[priorities.len() - 2..], [3, 3]);
+    complete(&m, json!({})).await;
+    assert_eq!(last_submitted(&m).priority, 0, "0 unless asked");
+    for bad in [json!(1u64 << 40), json!("high"), json!(1.5)] {
+        let (status, body) = complete(&m, json!({"priority": bad})).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(
+            error_of(&body)["message"]
+                .as_str()
+                .unwrap()
+                .contains("priority"),
+            "{body}"
+        );
     }
 }
