@@ -149,3 +149,23 @@ def test_launch_server_flags_map_onto_serve():
     # SGLang's launch_server spellings of the parsers.
     assert serve_argv(["--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3"])[-4:] == [
         "--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3"]
+
+
+def test_vllm_run_batch_entrypoint(tiny_config, tmp_path):
+    # vLLM's offline batch runner, spelt as vLLM's: one OpenAI batch line in, its answer out.
+    from tokenrouter.entrypoints.openai.run_batch import run_batch_argv
+
+    assert run_batch_argv(["-i", "a.jsonl", "-o", "b.jsonl", "--max_concurrency", "8"]) == [
+        "tokenrouter", "run-batch", "-i", "a.jsonl", "-o", "b.jsonl", "--max-concurrency", "8"]
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions",
+                               "body": {"model": "default", "max_tokens": 4,
+                                        "messages": [{"role": "user", "content": "hi"}]}}) + "\n")
+    run = subprocess.run([sys.executable, "-m", "tokenrouter.entrypoints.openai.run_batch",
+                          "-i", str(src), "-o", str(dst), "--config", tiny_config],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    (answer,) = [json.loads(line) for line in dst.read_text().splitlines()]
+    assert answer["custom_id"] == "q1" and answer["error"] is None
+    assert answer["response"]["status_code"] == 200
+    assert answer["response"]["body"]["usage"]["completion_tokens"] == 4

@@ -12,6 +12,7 @@ mod fused_check;
 mod kernel_env;
 mod matmul_bench;
 mod model_bench;
+mod run_batch;
 mod subserver;
 
 use anyhow::{Context, Result};
@@ -44,6 +45,8 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI-compatible API (default: the Qwen2.5-Coder 0.5B/1.5B pair on CPU).
     Serve(ServeArgs),
+    /// Answer an OpenAI batch file (JSONL) in this process, as vLLM's `run_batch`.
+    RunBatch(run_batch::RunBatchArgs),
     /// Serve one model of a config to a front end in another process (its `address:`).
     Subserver(subserver::SubserverArgs),
     /// Print a raw continuation of a prompt (no chat template) with one model.
@@ -163,6 +166,7 @@ where
 fn run(command: Command) -> Result<()> {
     match command {
         Command::Serve(a) => serve(a),
+        Command::RunBatch(a) => run_batch::run(a),
         Command::Subserver(a) => subserver::run(a),
         Command::Generate(a) => generate(a),
         Command::Fetch { cache_dir } => {
@@ -264,20 +268,11 @@ fn serve(a: ServeArgs) -> Result<()> {
                 }
             }
         });
-        let defaults = tokenrouter_server::ServerConfig::default();
-        let system = &engine.config().system;
         let server_cfg = tokenrouter_server::ServerConfig {
-            api_key: a.api_key,
-            cors,
             shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
-            served_model_name: system
-                .served_model_name
-                .clone()
-                .unwrap_or(defaults.served_model_name.clone()),
-            served_model_aliases: system.served_model_aliases.clone(),
             tool_call_parser: a.tool_call_parser,
             reasoning_parser: a.reasoning_parser,
-            ..defaults
+            ..server_config(&engine, a.api_key, cors)
         };
         let backend: Arc<dyn tokenrouter_api::Backend> = Arc::new(engine.clone());
         tokenrouter_server::serve(listener, backend, server_cfg, shutdown_signal()).await?;
@@ -285,6 +280,27 @@ fn serve(a: ServeArgs) -> Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// The server's settings for `engine`'s config: its served model names, and the key and
+/// CORS policy given.
+pub(crate) fn server_config(
+    engine: &Engine,
+    api_key: Option<String>,
+    cors: tokenrouter_server::CorsPolicy,
+) -> tokenrouter_server::ServerConfig {
+    let defaults = tokenrouter_server::ServerConfig::default();
+    let system = &engine.config().system;
+    tokenrouter_server::ServerConfig {
+        api_key,
+        cors,
+        served_model_name: system
+            .served_model_name
+            .clone()
+            .unwrap_or(defaults.served_model_name.clone()),
+        served_model_aliases: system.served_model_aliases.clone(),
+        ..defaults
+    }
 }
 
 pub(crate) async fn shutdown_signal() {

@@ -234,3 +234,65 @@ async fn binary_exits_zero_on_sigterm() {
     assert_eq!(body["usage"]["completion_tokens"], 1500, "{body}");
     assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
 }
+
+/// `tokenrouter run-batch` on the tiny pair: each line answered in input order as the
+/// server answers it (the same router runs it), a bad line answered with its error, and the
+/// summary on stderr.
+#[test]
+fn run_batch_answers_a_batch_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tiny_setup(dir.path(), "");
+    let line = |id: &str, url: &str, body: serde_json::Value| {
+        serde_json::json!({"custom_id": id, "method": "POST", "url": url, "body": body}).to_string()
+    };
+    let chat = serde_json::json!({"messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 8, "temperature": 0});
+    let input = [
+        line("a", "/v1/chat/completions", chat.clone()),
+        line(
+            "b",
+            "/v1/completions",
+            serde_json::json!({"prompt": "def f(", "max_tokens": 5}),
+        ),
+        line("c", "/v1/chat/completions", chat),
+        line(
+            "d",
+            "/v1/chat/completions",
+            serde_json::json!({"messages": []}),
+        ),
+    ]
+    .join("\n");
+    let (input_path, output_path) = (dir.path().join("in.jsonl"), dir.path().join("out.jsonl"));
+    std::fs::write(&input_path, input).unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_tokenrouter"))
+        .args(["run-batch", "--max-concurrency", "3", "-i"])
+        .arg(&input_path)
+        .arg("-o")
+        .arg(&output_path)
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .expect("run tokenrouter run-batch");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("4 lines: 3 succeeded, 1 failed"),
+        "{stderr}"
+    );
+    let out: Vec<serde_json::Value> = std::fs::read_to_string(&output_path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<&str> = out
+        .iter()
+        .map(|o| o["custom_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["a", "b", "c", "d"]);
+    let body = |i: usize| &out[i]["response"]["body"];
+    assert_eq!(body(0)["usage"]["completion_tokens"], 8);
+    assert_eq!(body(1)["usage"]["completion_tokens"], 5);
+    assert_eq!(body(2)["object"], "chat.completion");
+    assert_eq!(out[3]["response"]["status_code"], 400);
+    assert!(out[3]["error"]["message"].is_string(), "{}", out[3]);
+}

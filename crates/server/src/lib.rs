@@ -3,13 +3,15 @@
 //! routing engine.
 //!
 //! - [`router`] builds the axum app (testable with `tower::ServiceExt::oneshot`);
-//! - [`serve`] runs it on a listener with graceful shutdown.
+//! - [`serve`] runs it on a listener with graceful shutdown;
+//! - [`batch::run_batch`] runs OpenAI's batch file format through it in-process.
 //!
 //! Extensions beside the standard OpenAI fields: a top-level `tokenrouter` object
 //! (`tokens_by_model`, `switches`), per-choice `token_sources` / `token_details` when the
 //! request sets `return_token_sources`, and a `source` on each logprob entry.
 
 mod auth;
+pub mod batch;
 mod choice;
 mod config;
 mod constraint;

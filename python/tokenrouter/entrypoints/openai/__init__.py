@@ -1,0 +1,1 @@
+"""vLLM's OpenAI entry-point paths (``tokenrouter.entrypoints.openai.run_batch``)."""
