@@ -245,14 +245,7 @@ async fn abort_frees_kv_on_both_processes() {
         let mut streams: Vec<_> = (0..4).map(|i| submit_long(&front, i, pinned)).collect();
         // Let every request write some tokens, and the remote hold KV for some.
         for s in &mut streams {
-            let mut tokens = 0;
-            while tokens < 20 {
-                match s.events.recv().await {
-                    Some(GenerateEvent::Token(_)) => tokens += 1,
-                    Some(GenerateEvent::PromptCached(_)) => {}
-                    other => panic!("unexpected {other:?}"),
-                }
-            }
+            await_tokens(s, 20).await;
         }
         let start = Instant::now();
         while shared.kv_used[1].load(Ordering::SeqCst) == 0 {

@@ -24,14 +24,7 @@ async fn killing_the_remote_then_restarting_it() {
     .unwrap();
     let mut streams: Vec<_> = (0..4).map(|i| submit_long(&front, i, None)).collect();
     for s in &mut streams {
-        let mut tokens = 0;
-        while tokens < 5 {
-            match s.events.recv().await {
-                Some(GenerateEvent::Token(_)) => tokens += 1,
-                Some(GenerateEvent::PromptCached(_)) => {}
-                other => panic!("expected a token, got {other:?}"),
-            }
-        }
+        await_tokens(s, 5).await;
     }
     remote.kill();
     let killed = Instant::now();
@@ -198,14 +191,7 @@ async fn a_stopped_remote_is_detected_by_the_timeout() {
     .await
     .unwrap();
     let mut stream = submit_long(&front, 0, None);
-    let mut tokens = 0;
-    while tokens < 5 {
-        match stream.events.recv().await {
-            Some(GenerateEvent::Token(_)) => tokens += 1,
-            Some(GenerateEvent::PromptCached(_)) => {}
-            other => panic!("expected a token, got {other:?}"),
-        }
-    }
+    await_tokens(&mut stream, 5).await;
     let pid = remote.child.id().to_string();
     let signal = |s: &str| {
         let ok = Command::new("kill")

@@ -23,6 +23,7 @@ pub struct EngineMetrics {
     pub predicted_throughput: Gauge,
     pub active: IntGauge,
     pub slow_steps: IntCounterVec,
+    pub preemptions: IntCounterVec,
     pub failed_rows: IntCounterVec,
     pub handoff_transport: HistogramVec,
     pub handoff_bytes: HistogramVec,
@@ -145,6 +146,14 @@ impl EngineMetrics {
             ),
             &["model"],
         )?;
+        let preemptions = IntCounterVec::new(
+            Opts::new(
+                m("preemptions_total"),
+                "Running requests sent back to the queue for lack of KV blocks (recomputed \
+                 when readmitted; vLLM's num_preemptions)",
+            ),
+            &["model"],
+        )?;
         let failed_rows = IntCounterVec::new(
             Opts::new(
                 m("failed_requests_total"),
@@ -212,6 +221,7 @@ impl EngineMetrics {
         registry.register(Box::new(predicted_throughput.clone()))?;
         registry.register(Box::new(active.clone()))?;
         registry.register(Box::new(slow_steps.clone()))?;
+        registry.register(Box::new(preemptions.clone()))?;
         registry.register(Box::new(failed_rows.clone()))?;
         Ok(Self {
             registry,
@@ -229,6 +239,7 @@ impl EngineMetrics {
             predicted_throughput,
             active,
             slow_steps,
+            preemptions,
             failed_rows,
             handoff_transport,
             handoff_bytes,

@@ -385,6 +385,11 @@ impl SubServer {
                     rid = req.rid,
                     "KV cache full: preempting a request"
                 );
+                self.shared
+                    .metrics
+                    .preemptions
+                    .with_label_values(&[self.name()])
+                    .inc();
                 self.runner.free(req.rid);
                 self.enqueue(req, true);
             }

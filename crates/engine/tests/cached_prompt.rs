@@ -49,15 +49,7 @@ async fn cached_tokens_sources(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_prompt_reports_its_cached_blocks_at_the_first_model() {
-    let p = pair();
-    let e = start(common::config(
-        &p,
-        "random",
-        "{p: 0.5, seed: 3}",
-        "random",
-        "",
-        "async",
-    ));
+    let (_pair, e) = common::routed_pair();
     let ids = prompt(40, 7);
     let (first, answer) = cached_and_tokens(&e, &ids, None).await;
     assert_eq!(first, 0, "nothing is cached yet");

@@ -98,7 +98,12 @@ fn outcome(rx: &mut UnboundedReceiver<GenerateEvent>) -> Result<usize, String> {
 
 /// The small model of the tiny pair with a 512-token (32-block) cache, as a sub-server
 /// stepping `max_batch` requests, sending `away` to model 1 after their first step.
-fn sub_server(p: &common::Pair, max_batch: usize, priority: bool, away: &[u64]) -> SubServer {
+fn sub_server(
+    p: &common::Pair,
+    max_batch: usize,
+    priority: bool,
+    away: &[u64],
+) -> (SubServer, Arc<EngineMetrics>) {
     let opts = LoadOptions {
         kv: KvBudget::Tokens(512),
         ..LoadOptions::default()
@@ -107,32 +112,34 @@ fn sub_server(p: &common::Pair, max_batch: usize, priority: bool, away: &[u64]) 
     let runner = model.runner;
     assert_eq!(runner.usage().total_blocks, 32, "16-token blocks");
     let sample_limit = runner.config().vocab_size;
+    let metrics = Arc::new(EngineMetrics::new().unwrap());
     let mut shared = Shared::new(
         vec!["quick".into(), "reference".into()],
         4096,
         sample_limit,
         vec![Threshold::default(), Threshold::default()],
-        Arc::new(EngineMetrics::new().unwrap()),
+        metrics.clone(),
         Duration::from_secs(60),
     );
     shared.priority_scheduling = priority;
     let policy = AwayOnce {
         away: away.iter().copied().collect(),
     };
-    SubServer::new(
+    let sub = SubServer::new(
         0,
         runner,
         Box::new(policy),
         sample_limit,
         max_batch,
         Arc::new(shared),
-    )
+    );
+    (sub, metrics)
 }
 
 /// The order requests finish in when `(rid, priority, tokens)` are queued behind a running
 /// request 1 at a batch of one.
 fn finishing_order(p: &common::Pair, priority: bool, queued: &[(u64, i32)]) -> Vec<u64> {
-    let mut sub = sub_server(p, 1, priority, &[]);
+    let (mut sub, _) = sub_server(p, 1, priority, &[]);
     let (first, _rx) = request(1, 20, 8);
     sub.accept(Inbound::Admit(first));
     step_all(&mut sub, 1);
@@ -161,7 +168,7 @@ fn priority_scheduling_serves_the_queue_lowest_value_first_then_oldest() {
 /// Three long requests outgrow the cache together: which finishes first tells which were
 /// preempted (recomputed later).
 fn preemption_order(p: &common::Pair, priority: bool) -> Vec<u64> {
-    let mut sub = sub_server(p, 4, priority, &[]);
+    let (mut sub, metrics) = sub_server(p, 4, priority, &[]);
     let mut receivers = Vec::new();
     for (rid, prio) in [(1, 9), (2, 0), (3, 5)] {
         let (mut req, rx) = request(rid, 20, 300);
@@ -174,6 +181,8 @@ fn preemption_order(p: &common::Pair, priority: bool) -> Vec<u64> {
         assert_eq!(outcome(&mut rx), Ok(300), "every request completes");
     }
     assert_eq!(sub.kv_used_blocks(), 0);
+    let preempted = metrics.preemptions.with_label_values(&["quick"]).get();
+    assert!(preempted >= 2, "{preempted} preemptions counted");
     done
 }
 
@@ -189,7 +198,7 @@ fn priority_preemption_takes_the_highest_value_first() {
 #[test]
 fn queued_requests_give_up_their_kv_before_the_running_one_fails() {
     let p = common::pair();
-    let mut sub = sub_server(&p, 1, false, &[2, 3]);
+    let (mut sub, _) = sub_server(&p, 1, false, &[2, 3]);
 
     // B and C prefill here (7 blocks each) and leave for model 1, their KV pending here.
     let (b, mut b_rx) = request(2, 100, 10);

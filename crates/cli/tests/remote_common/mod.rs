@@ -204,6 +204,18 @@ pub async fn end_within(
     .expect("the request ends within the timeout")
 }
 
+/// Waits for `n` tokens of `s` (told cached prompt tokens pass by; anything else fails).
+pub async fn await_tokens(s: &mut tokenrouter_api::GenerateStream, n: usize) {
+    let mut tokens = 0;
+    while tokens < n {
+        match s.events.recv().await {
+            Some(GenerateEvent::Token(_)) => tokens += 1,
+            Some(GenerateEvent::PromptCached(_)) => {}
+            other => panic!("expected a token, got {other:?}"),
+        }
+    }
+}
+
 /// A 3000-token request for prompt `i`, running until the test ends it.
 pub fn submit_long(e: &Engine, i: usize, pinned: Option<usize>) -> tokenrouter_api::GenerateStream {
     let mut p = params(false, i);
