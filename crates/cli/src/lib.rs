@@ -85,7 +85,8 @@ struct ServeArgs {
     #[arg(long, env = "TOKENROUTER_PORT", default_value_t = 30000)]
     port: u16,
     /// Require `Authorization: Bearer <key>` on /v1/*, SGLang's /generate,
-    /// /health_generate, /get_model_info and /flush_cache, and vLLM's /reset_prefix_cache.
+    /// /health_generate, /get_model_info, /flush_cache and /abort_request, and vLLM's
+    /// /reset_prefix_cache.
     #[arg(long, env = "TOKENROUTER_API_KEY")]
     api_key: Option<String>,
     /// Seconds in-flight requests get to finish after SIGTERM.

@@ -316,6 +316,27 @@ class Suite:
         ids, _ = self.ids_written(extra_body={"bad_words": [word]})
         check(common not in ids and len(ids) == 16, (ids, word, common))
 
+    def test_sglang_abort_request(self):
+        # SGLang's /abort_request stops a running /generate by its rid: the stream ends at once
+        # with finish_reason abort and the tokens written so far.
+        def request(path, body):
+            req = urllib.request.Request(self.root + path, method="POST", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            if self.api_key:
+                req.add_header("Authorization", f"Bearer {self.api_key}")
+            return urllib.request.urlopen(req, timeout=60)
+        body = {"text": "Once upon a time", "rid": "e2e-abort", "stream": True,
+                "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}
+        with request("/generate", body) as stream:
+            first = stream.readline()  # the first chunk: the request is running
+            check(first.startswith(b"data: "), first)
+            request("/abort_request", {"rid": "e2e-abort"}).close()
+            chunks = [line[6:] for line in stream.read().split(b"\n") if line.startswith(b"data: ")]
+        check(chunks[-1] == b"[DONE]", chunks[-1:])
+        meta = json.loads(chunks[-2])["meta_info"]
+        check(meta["finish_reason"] == {"type": "abort"}, meta)
+        check(0 < meta["completion_tokens"] < 500, meta)
+
     def test_sglang_generate(self):
         # SGLang's native /generate as its docs call it (requests-style JSON, SSE of the text so far).
         def post(body):

@@ -15,6 +15,7 @@ use tokenrouter_api::{
 };
 use tokio::sync::watch;
 
+use crate::aborts::AbortOnRid;
 use crate::choice::{ChoiceDecoder, Delta, Step, StopMatch};
 use crate::error::ApiError;
 use crate::metrics::RequestTracker;
@@ -54,6 +55,8 @@ pub struct Generation {
     pub max_tokens: Vec<usize>,
     /// Each choice's prompt tokens taken from the prefix cache, as the engine reports them.
     cached: Arc<[AtomicUsize]>,
+    /// Registered for SGLang's `/abort_request` while the generation lives.
+    _abortable: Option<AbortOnRid>,
 }
 
 impl Generation {
@@ -66,15 +69,17 @@ impl Generation {
         arrival: Instant,
     ) -> Result<Self, ApiError> {
         let items: Vec<_> = prompts.iter().map(|p| (plan, p.as_slice())).collect();
-        Self::start_each(state, &items, arrival)
+        Self::start_each(state, &items, arrival, None)
     }
 
     /// [`Generation::start`] with a plan per prompt (SGLang's list of `sampling_params`);
-    /// the plans share their model.
+    /// the plans share their model. With `abortable`, its signal ends every choice with
+    /// finish reason `abort` (SGLang's `/abort_request`).
     pub fn start_each(
         state: &AppState,
         items: &[(&GenerationPlan, &[u32])],
         arrival: Instant,
+        abortable: Option<AbortOnRid>,
     ) -> Result<Self, ApiError> {
         state.check_accepting()?;
         let Some(&(plan, _)) = items.first() else {
@@ -115,6 +120,7 @@ impl Generation {
                 skip_special: !plan.keep_special,
                 backend: state.backend.clone(),
                 abort: state.lifecycle.abort_signal(),
+                stop_asked: abortable.as_ref().map(AbortOnRid::signal),
             }
             .into_stream()
         }));
@@ -131,6 +137,7 @@ impl Generation {
             num_choices,
             max_tokens,
             cached,
+            _abortable: abortable,
         })
     }
 
@@ -180,6 +187,8 @@ struct ChoiceRun {
     skip_special: bool,
     backend: Arc<dyn Backend>,
     abort: watch::Receiver<bool>,
+    /// Set when a client asked this request to stop (`/abort_request`).
+    stop_asked: Option<watch::Receiver<bool>>,
 }
 
 impl ChoiceRun {
@@ -196,14 +205,21 @@ impl ChoiceRun {
             let stream = self.stream.as_mut()?;
             let event = tokio::select! {
                 biased;
-                () = aborted(&mut self.abort) => None,
-                event = stream.events.recv() => Some(event),
-            };
-            let Some(event) = event else {
-                return self.fail(ApiError::ShuttingDown);
+                () = aborted(&mut self.abort) => Wakeup::Shutdown,
+                () = aborted_opt(&mut self.stop_asked) => Wakeup::StopAsked,
+                event = stream.events.recv() => Wakeup::Event(event),
             };
             let (backend, skip_special) = (self.backend.clone(), self.skip_special);
             let decode = |ids: &[u32]| backend.decode(ids, skip_special);
+            let event = match event {
+                Wakeup::Event(event) => event,
+                Wakeup::Shutdown => return self.fail(ApiError::ShuttingDown),
+                // A client asked it to stop: it ends here, with what it wrote.
+                Wakeup::StopAsked => match self.decoder.finish(decode) {
+                    Ok((delta, _)) => return self.finished(delta, "abort"),
+                    Err(e) => return self.fail(text_failure(e)),
+                },
+            };
             match event {
                 Some(GenerateEvent::Prompt(scores)) => {
                     return Some(ChoiceUpdate::Prompt {
@@ -263,6 +279,21 @@ impl ChoiceRun {
     fn fail(&mut self, error: ApiError) -> Option<ChoiceUpdate> {
         self.stream = None;
         Some(ChoiceUpdate::Failed(error))
+    }
+}
+
+/// What woke a choice up.
+enum Wakeup {
+    Event(Option<GenerateEvent>),
+    Shutdown,
+    StopAsked,
+}
+
+/// [`aborted`] for an optional signal: never without one.
+async fn aborted_opt(signal: &mut Option<watch::Receiver<bool>>) {
+    match signal {
+        Some(signal) => aborted(signal).await,
+        None => std::future::pending::<()>().await,
     }
 }
 

@@ -10,6 +10,7 @@
 //! (`tokens_by_model`, `switches`), per-choice `token_sources` / `token_details` when the
 //! request sets `return_token_sources`, and a `source` on each logprob entry.
 
+mod aborts;
 mod auth;
 pub mod batch;
 mod choice;
@@ -79,6 +80,7 @@ fn build(
         config: Arc::new(cfg),
         metrics: Arc::new(metrics::Metrics::new().map_err(ServerError::Metrics)?),
         lifecycle: lifecycle.clone(),
+        aborts: Default::default(),
     };
     Ok((routes::build(state), lifecycle))
 }

@@ -17,6 +17,8 @@ pub struct AppState {
     pub config: Arc<ServerConfig>,
     pub metrics: Arc<Metrics>,
     pub lifecycle: Arc<Lifecycle>,
+    /// Running `/generate` requests by rid (SGLang's `/abort_request`).
+    pub aborts: Arc<crate::aborts::Aborts>,
 }
 
 /// Shutdown phases: draining (new generation requests get 503, health is 503) and then

@@ -131,12 +131,14 @@ pub async fn generate(
         .zip(&samples)
         .map(|(plan, (_, ids))| (plan, ids.as_slice()))
         .collect();
-    let generation = Generation::start_each(&state, &items, arrival)?;
+    let rid = body
+        .rid
+        .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
+    let abortable = state.aborts.register(&rid);
+    let generation = Generation::start_each(&state, &items, arrival, Some(abortable))?;
     let shape = Shape {
         names: state.backend.models().into_iter().map(|m| m.name).collect(),
-        rid: body
-            .rid
-            .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>())),
+        rid,
         batch: batch || n > 1,
         text_in_logprobs: body.return_text_in_logprobs,
         input_from: samples

@@ -1,6 +1,6 @@
 //! Operational endpoints: `/health` (503 until the backend is ready and while shutting
 //! down), SGLang's `/health_generate` (a token from every model), `/get_model_info` and
-//! `/flush_cache` (vLLM's `/reset_prefix_cache`),
+//! `/flush_cache` (vLLM's `/reset_prefix_cache`), `/abort_request`,
 //! `/metrics` (engine exposition followed by the server's own), `/version`, and the
 //! OpenAI-shaped 404 for unknown routes.
 
@@ -8,10 +8,12 @@ use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::Deserialize;
 use serde_json::json;
 use tokenrouter_api::{GenerateEvent, GenerateRequest, SamplingParams, SubmitError};
 
 use crate::error::ApiError;
+use crate::extract::ApiJson;
 use crate::state::AppState;
 
 pub async fn health(State(state): State<AppState>) -> Response {
@@ -124,6 +126,30 @@ pub async fn model_info(State(state): State<AppState>) -> Json<serde_json::Value
 pub async fn flush_cache(State(state): State<AppState>) -> Result<&'static str, ApiError> {
     state.backend.flush_cache()?;
     Ok("Cache flushed.\n")
+}
+
+/// SGLang's `/abort_request` body: the rid of a running `/generate` request, or all.
+#[derive(Debug, Deserialize)]
+pub struct AbortRequest {
+    #[serde(default)]
+    rid: String,
+    #[serde(default)]
+    abort_all: bool,
+}
+
+/// SGLang's `/abort_request`: the `/generate` requests running under `rid` (or all, with
+/// `abort_all`) end now with finish reason `abort` and what they wrote; 200 whether or not
+/// any was running, as SGLang answers.
+pub async fn abort_request(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<AbortRequest>,
+) -> StatusCode {
+    let stopped = match body.abort_all {
+        true => state.aborts.abort_all(),
+        false => state.aborts.abort(&body.rid),
+    };
+    tracing::info!(rid = %body.rid, abort_all = body.abort_all, stopped, "abort_request");
+    StatusCode::OK
 }
 
 pub async fn metrics(State(state): State<AppState>) -> Response {

@@ -32,6 +32,7 @@ pub fn build(state: AppState) -> Router {
             get(misc::flush_cache).post(misc::flush_cache),
         )
         .route("/reset_prefix_cache", post(misc::flush_cache))
+        .route("/abort_request", post(misc::abort_request))
         .route("/metrics", get(misc::metrics))
         .route("/version", get(misc::version))
         .route("/generate", post(generate::generate))

@@ -253,12 +253,13 @@ async fn api_key_guards_v1_and_generate_only() {
             "{guarded}"
         );
     }
-    assert_eq!(
-        send(app.clone(), post("/reset_prefix_cache", ""))
-            .await
-            .status(),
-        StatusCode::UNAUTHORIZED
-    );
+    for guarded in ["/reset_prefix_cache", "/abort_request"] {
+        assert_eq!(
+            send(app.clone(), post(guarded, "{}")).await.status(),
+            StatusCode::UNAUTHORIZED,
+            "{guarded}"
+        );
+    }
     for open in ["/health", "/metrics", "/version"] {
         assert_eq!(
             send(app.clone(), get(open)).await.status(),

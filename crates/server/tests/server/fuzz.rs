@@ -33,6 +33,7 @@ const PATHS: &[&str] = &[
     "/get_model_info",
     "/flush_cache",
     "/reset_prefix_cache",
+    "/abort_request",
     "/v1/chat/completions/",
     "/v2/x",
     "/",

@@ -1,7 +1,7 @@
 //! SGLang's native `POST /generate` over the mock: one prompt or a batch, text or ids, one
 //! `sampling_params` or one per prompt, `meta_info` (finish reason with what matched,
 //! counts, provenance, log-probabilities), streaming of the text so far, and its errors;
-//! SGLang's `/health_generate` and `/get_model_info`.
+//! SGLang's `/health_generate`, `/get_model_info` and `/abort_request`.
 
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -272,5 +272,93 @@ async fn n_samples_come_back_in_sglangs_order() {
         .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
         assert_eq!(error_of(&out)["param"], "sampling_params");
+    }
+}
+
+/// Waits until the mock runs `n` requests.
+async fn running(m: &MockBackend, n: usize) {
+    let started = std::time::Instant::now();
+    while m.log().running < n {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test]
+async fn abort_request_stops_a_running_generate_by_rid_or_all() {
+    let m = MockBackend::new(MockConfig {
+        token_delay: std::time::Duration::from_millis(5),
+        ..MockConfig::default()
+    });
+    let router = app(&m);
+    let long = |rid: &str| {
+        json!({"text": "abc", "rid": rid,
+            "sampling_params": {"max_new_tokens": 400, "ignore_eos": true}})
+    };
+    let first = tokio::spawn(post_json(router.clone(), "/generate", long("r1")));
+    running(&m, 1).await;
+    // Another rid, then no rid: nothing stops (200 all the same, as SGLang answers).
+    for body in [json!({"rid": "other"}), json!({})] {
+        let resp = send(router.clone(), post("/abort_request", body.to_string())).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    assert_eq!(m.log().running, 1);
+    tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+    let resp = send(router.clone(), post("/abort_request", r#"{"rid": "r1"}"#)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let (status, out) = first.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["meta_info"]["finish_reason"], json!({"type": "abort"}));
+    let written = out["meta_info"]["completion_tokens"].as_u64().unwrap();
+    assert!(written > 0 && written < 400, "{written}");
+    assert_eq!(out["output_ids"].as_array().unwrap().len() as u64, written);
+
+    // abort_all: every running /generate, a batch's prompts and a streamed one alike.
+    let batch = json!({"text": ["a", "b"], "sampling_params": {"max_new_tokens": 400,
+        "ignore_eos": true}});
+    let batch = tokio::spawn(post_json(router.clone(), "/generate", batch));
+    let mut streamed = long("r3");
+    streamed["stream"] = json!(true);
+    let r = router.clone();
+    let streamed =
+        tokio::spawn(
+            async move { text(send(r, post("/generate", streamed.to_string())).await).await },
+        );
+    running(&m, 3).await;
+    // Another server's registry is its own.
+    let resp = send(app(&m), post("/abort_request", r#"{"abort_all": true}"#)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    assert_eq!(m.log().running, 3);
+    let resp = send(router, post("/abort_request", r#"{"abort_all": true}"#)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let (status, out) = batch.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{out}");
+    for answer in out.as_array().unwrap() {
+        assert_eq!(
+            answer["meta_info"]["finish_reason"],
+            json!({"type": "abort"})
+        );
+    }
+    let chunks = sse_data(&streamed.await.unwrap());
+    assert_eq!(chunks.last().map(String::as_str), Some("[DONE]"));
+    let last: Value = serde_json::from_str(&chunks[chunks.len() - 2]).unwrap();
+    assert_eq!(last["meta_info"]["finish_reason"], json!({"type": "abort"}));
+    // Each engine request was aborted (its stream dropped), none runs on.
+    running_at_most(&m, 0).await;
+}
+
+/// Waits until the mock runs at most `n` requests.
+async fn running_at_most(m: &MockBackend, n: usize) {
+    let started = std::time::Instant::now();
+    while m.log().running > n {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "still running"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
 }
