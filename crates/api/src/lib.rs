@@ -242,6 +242,10 @@ pub struct GenerateRequest {
     /// refused.
     #[serde(default)]
     pub priority: i32,
+    /// vLLM's `cache_salt`: the request shares prefix-cache blocks only with requests of the
+    /// same salt (tenants cannot time each other's prompts).
+    #[serde(default)]
+    pub cache_salt: Option<String>,
 }
 
 /// The `param` a backend names when it refuses a request's constraint
@@ -505,6 +509,7 @@ mod tests {
             prompt_logprobs: None,
             constraint: None,
             priority: 0,
+            cache_salt: None,
         }
     }
 

@@ -175,6 +175,10 @@ class Suite:
             check(resp.status == 200, resp.status)
         flushed = self.chat(messages=messages, max_tokens=2).usage.prompt_tokens_details
         check(flushed.cached_tokens == 0, flushed)
+        # vLLM's cache_salt: blocks are shared only within a salt.
+        salted = [self.chat(messages=messages, max_tokens=2, extra_body={"cache_salt": "tenant-a"})
+                  .usage.prompt_tokens_details.cached_tokens for _ in range(2)]
+        check(salted == [0, want], (salted, want))
 
     def test_structured_output(self):
         # The official client's response_format, and vLLM's guided_* through extra_body: the

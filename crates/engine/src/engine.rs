@@ -536,6 +536,7 @@ impl GenerateParams {
             prompt_logprobs: None,
             constraint: None,
             priority: 0,
+            cache_salt: None,
         }
     }
 }

@@ -57,6 +57,8 @@ pub struct Req {
     pub routing: RoutingOverrides,
     /// vLLM's `priority` (lower first) where a model schedules by priority.
     pub priority: i32,
+    /// vLLM's `cache_salt`: prefix-cache blocks are shared only under the same salt.
+    pub cache_salt: Option<String>,
     /// Structured output: the constraint (sent to remote models, which compile their own
     /// state) and its state here, advanced by each kept token (so it travels with the
     /// request and holds whichever model writes next).
@@ -105,6 +107,7 @@ impl Req {
             prompt_logprobs: None,
             routing: RoutingOverrides::default(),
             priority: 0,
+            cache_salt: None,
             constraint: None,
             grammar: None,
             fault: None,

@@ -60,6 +60,7 @@ pub(crate) fn warm_up(engine: &Engine, shared: &Shared) -> Result<(), EngineErro
             prompt_logprobs: None,
             constraint: None,
             priority: 0,
+            cache_salt: None,
         };
         streams.push(
             engine

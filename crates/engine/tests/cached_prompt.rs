@@ -2,7 +2,8 @@
 //! tells its client (`GenerateEvent::PromptCached`, OpenAI's `cached_tokens`): whole
 //! 16-token blocks of an earlier request's prompt, never the last position, counted where
 //! the request starts (the entry model, or the model it is pinned to). A flush
-//! (`Backend::flush_cache`) forgets every model's cache.
+//! (`Backend::flush_cache`) forgets every model's cache. A `cache_salt` keeps a request to
+//! the blocks of requests with the same salt (vLLM's).
 
 mod common;
 
@@ -111,4 +112,42 @@ async fn without_prefix_caching_nothing_is_told() {
             }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_salt_shares_blocks_only_within_the_salt() {
+    let (_pair, e) = common::routed_pair();
+    let ids = prompt(40, 11);
+    let salted = |salt: Option<&str>| {
+        let mut req = greedy_request(ids.clone(), 4);
+        req.cache_salt = salt.map(str::to_string);
+        req
+    };
+    let cached = |req| async {
+        let mut s = e.submit(req).unwrap();
+        let mut cached = None;
+        while let Some(ev) = s.events.recv().await {
+            match ev {
+                GenerateEvent::PromptCached(n) => cached = Some(n),
+                GenerateEvent::Finished { .. } => break,
+                GenerateEvent::Error(m) => panic!("{m}"),
+                _ => {}
+            }
+        }
+        cached.expect("told")
+    };
+    assert_eq!(cached(salted(Some("tenant-a"))).await, 0);
+    assert_eq!(
+        cached(salted(Some("tenant-a"))).await,
+        32,
+        "the same salt shares"
+    );
+    assert_eq!(
+        cached(salted(Some("tenant-b"))).await,
+        0,
+        "another salt does not"
+    );
+    assert_eq!(cached(salted(None)).await, 0, "nor does no salt");
+    assert_eq!(cached(salted(None)).await, 32);
+    assert_eq!(cached(salted(Some("tenant-b"))).await, 32);
 }

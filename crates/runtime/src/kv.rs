@@ -4,7 +4,7 @@
 //! of blocks is a typed error that the scheduler turns into waiting or preemption.
 
 use crate::error::{Result, RuntimeError};
-use crate::prefix_cache::{chain_hash, PrefixIndex, ROOT};
+use crate::prefix_cache::{chain_hash, salted_root, PrefixIndex, ROOT};
 use std::collections::HashMap;
 
 pub type SeqId = u64;
@@ -41,15 +41,33 @@ impl KvCapacity {
 /// Where a sequence's tokens live: its blocks in order and how many positions are filled.
 /// With prefix caching it also keeps the tokens and the chain hash of each full block, so
 /// blocks can be indexed as they fill.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct BlockTable {
     pub blocks: Vec<u32>,
     pub len: usize,
     tokens: Vec<u32>,
     hashes: Vec<u64>,
+    /// The parent hash of the first block: [`ROOT`], or a salted root.
+    root: u64,
+}
+
+impl Default for BlockTable {
+    fn default() -> Self {
+        Self::rooted(ROOT)
+    }
 }
 
 impl BlockTable {
+    fn rooted(root: u64) -> Self {
+        Self {
+            blocks: Vec::new(),
+            len: 0,
+            tokens: Vec::new(),
+            hashes: Vec::new(),
+            root,
+        }
+    }
+
     /// Physical slot of a position.
     #[inline]
     pub fn slot(&self, pos: usize, block_size: usize) -> usize {
@@ -89,6 +107,8 @@ pub struct BlockManager {
     /// Holders per block (several sequences share a cached prefix block).
     refs: Vec<u32>,
     prefix: Option<PrefixIndex>,
+    /// Salted roots of sequences not created yet ([`BlockManager::salt`]).
+    roots: HashMap<SeqId, u64>,
 }
 
 impl BlockManager {
@@ -101,6 +121,7 @@ impl BlockManager {
             seqs: HashMap::new(),
             refs: vec![0; capacity.num_blocks],
             prefix: None,
+            roots: HashMap::new(),
         }
     }
 
@@ -167,6 +188,19 @@ impl BlockManager {
         self.blocks_for(len + new_tokens).saturating_sub(have)
     }
 
+    /// Salt a sequence not created yet (vLLM's `cache_salt`): it reuses and leaves cached
+    /// only blocks of sequences with the same salt. A sequence that exists keeps its root.
+    pub fn salt(&mut self, seq: SeqId, salt: &str) {
+        if self.prefix.is_some() && !self.seqs.contains_key(&seq) {
+            self.roots.insert(seq, salted_root(salt));
+        }
+    }
+
+    /// The table a sequence starts with: rooted at its salt, if it has one.
+    fn new_table(&mut self, seq: SeqId) -> BlockTable {
+        BlockTable::rooted(self.roots.remove(&seq).unwrap_or(ROOT))
+    }
+
     /// For a sequence not seen yet whose tokens will be `tokens`: take the cached blocks
     /// holding its longest cached prefix (whole blocks, and never all of `tokens`: the last
     /// one must be computed for its logits). Returns the positions now cached, 0 without a
@@ -176,12 +210,13 @@ impl BlockManager {
             return t.len;
         }
         let bs = self.capacity.block_size;
+        let root = self.roots.get(&seq).copied().unwrap_or(ROOT);
         let Some(prefix) = self.prefix.as_mut() else {
             return 0;
         };
         prefix.queried_tokens += tokens.len() as u64;
-        let mut table = BlockTable::default();
-        let mut parent = ROOT;
+        let mut table = BlockTable::rooted(root);
+        let mut parent = root;
         for chunk in tokens[..tokens.len().saturating_sub(1)].chunks_exact(bs) {
             let Some((h, b)) = prefix.lookup(parent, chunk) else {
                 break;
@@ -197,6 +232,7 @@ impl BlockManager {
         prefix.hit_tokens += table.len as u64;
         let len = table.len;
         if len > 0 {
+            self.roots.remove(&seq);
             self.seqs.insert(seq, table);
         }
         len
@@ -236,7 +272,13 @@ impl BlockManager {
                     got.push(b);
                 }
             }
-            self.seqs.entry(seq).or_default().blocks.extend(got);
+            if !self.seqs.contains_key(&seq) {
+                let table = self.new_table(seq);
+                self.seqs.insert(seq, table);
+            }
+            if let Some(t) = self.seqs.get_mut(&seq) {
+                t.blocks.extend(got);
+            }
         }
         Ok(())
     }
@@ -255,7 +297,7 @@ impl BlockManager {
         t.tokens.extend_from_slice(tokens);
         while t.hashes.len() < t.len / bs {
             let i = t.hashes.len();
-            let parent = t.hashes.last().copied().unwrap_or(ROOT);
+            let parent = t.hashes.last().copied().unwrap_or(t.root);
             let chunk = &t.tokens[i * bs..(i + 1) * bs];
             let h = chain_hash(parent, chunk);
             prefix.insert(h, parent, chunk, t.blocks[i]);
@@ -266,6 +308,7 @@ impl BlockManager {
     /// Give up all of a sequence's blocks (cached ones stay reusable). Returns whether the
     /// sequence existed.
     pub fn free_seq(&mut self, seq: SeqId) -> bool {
+        self.roots.remove(&seq);
         match self.seqs.remove(&seq) {
             Some(t) => {
                 for b in t.blocks.into_iter().rev() {
@@ -466,6 +509,42 @@ mod tests {
         // index keeps the first copy.
         assert_eq!(m.table(4).unwrap().blocks[..2], first[..2]);
         assert_eq!(m.prefix_hits(), (5 + 5 + 4 + 5, 2 + 2 + 4));
+    }
+
+    #[test]
+    fn salted_sequences_share_blocks_only_with_their_salt() {
+        let mut m = prefix_manager(24);
+        // Salted, created by `reserve` (no attach first): its blocks are cached under the salt.
+        m.salt(1, "tenant-a");
+        m.reserve(&[(1, 5)]).unwrap();
+        m.advance(1, &[1, 2, 3, 4, 5]);
+        m.free_seq(1);
+        let tokens = [1, 2, 3, 4, 5];
+        assert_eq!(write(&mut m, 2, &tokens), 0, "unsalted: nothing to share");
+        m.salt(3, "tenant-b");
+        assert_eq!(
+            write(&mut m, 3, &tokens),
+            0,
+            "another salt: nothing to share"
+        );
+        m.salt(4, "tenant-a");
+        assert_eq!(
+            write(&mut m, 4, &tokens),
+            4,
+            "the same salt: both full blocks"
+        );
+        // The unsalted sequence cached its own blocks, which salted ones never see.
+        assert_eq!(write(&mut m, 5, &tokens), 4);
+        m.salt(6, "tenant-c");
+        assert_eq!(write(&mut m, 6, &tokens), 0);
+        for s in 2..=6 {
+            m.free_seq(s);
+        }
+        // A salt set but never used is dropped with its sequence.
+        m.salt(7, "tenant-a");
+        m.free_seq(7);
+        assert!(m.roots.is_empty());
+        assert_eq!(m.usage().used_blocks, 0);
     }
 
     #[test]

@@ -18,6 +18,15 @@ use std::hash::{Hash, Hasher};
 /// The chain hash of the empty prefix (parent of a sequence's first block).
 pub const ROOT: u64 = 0x9e37_79b9_7f4a_7c15;
 
+/// The root a sequence salted with `salt` chains from (vLLM's `cache_salt`): only sequences
+/// with the same salt share cached blocks, so one tenant cannot time another's prompts.
+pub fn salted_root(salt: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    ROOT.hash(&mut h);
+    salt.hash(&mut h);
+    h.finish()
+}
+
 /// Chain hash of a block holding `tokens` after the prefix hashed as `parent`.
 pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
     let mut h = DefaultHasher::new();

@@ -317,6 +317,11 @@ impl Runner {
         self.blocks.prefix_caching()
     }
 
+    /// Salt a sequence not created yet (see `BlockManager::salt`).
+    pub fn salt_sequence(&mut self, seq: SeqId, salt: &str) {
+        self.blocks.salt(seq, salt);
+    }
+
     /// Forget every cached prefix (see `BlockManager::flush_prefix_cache`).
     pub fn flush_prefix_cache(&mut self) -> usize {
         self.blocks.flush_prefix_cache()

@@ -57,6 +57,8 @@ pub struct GenerationPlan {
     pub constraint: Option<(OutputConstraint, &'static str)>,
     /// vLLM's `priority` (the engine refuses anything but 0 without priority scheduling).
     pub priority: i32,
+    /// vLLM's `cache_salt` (prefix-cache blocks shared only under the same salt).
+    pub cache_salt: Option<String>,
 }
 
 impl GenerationPlan {
@@ -127,6 +129,7 @@ impl GenerationPlan {
             single_tool_call: false,
             constraint,
             priority: priority(fields.priority)?,
+            cache_salt: cache_salt(fields.cache_salt)?,
         })
     }
 
@@ -200,6 +203,7 @@ impl GenerationPlan {
                     prompt_logprobs: self.prompt_logprobs,
                     constraint: self.constraint.as_ref().map(|(c, _)| c.clone()),
                     priority: self.priority,
+                    cache_salt: self.cache_salt.clone(),
                 }
             })
             .collect())
@@ -215,6 +219,17 @@ pub fn priority(value: Option<i64>) -> Result<i32, ApiError> {
             format!("`priority` must be a 32-bit integer, got {value}"),
         )
     })
+}
+
+/// `cache_salt`: a non-empty string, as vLLM asks.
+fn cache_salt(value: Option<String>) -> Result<Option<String>, ApiError> {
+    match value {
+        Some(salt) if salt.is_empty() => Err(ApiError::invalid(
+            "cache_salt",
+            "`cache_salt` must be a non-empty string",
+        )),
+        other => Ok(other),
+    }
 }
 
 /// `truncate_prompt_tokens`: -1 or at least 1.

@@ -231,6 +231,7 @@ impl Params {
             prompt_logprobs: self.input_logprobs.map(|i| i.top),
             constraint: self.constraint.clone(),
             priority: 0,
+            cache_salt: None,
         }
     }
 
@@ -277,6 +278,7 @@ impl Params {
             single_tool_call: false,
             constraint: self.constraint.clone().map(|c| (c, "sampling_params")),
             priority: 0,
+            cache_salt: None,
         }
     }
 }

@@ -480,6 +480,7 @@ fn a_router_trained_on_the_tiny_pair_serves_through_r2r() {
                 prompt_logprobs: None,
                 constraint: None,
                 priority: 0,
+                cache_salt: None,
             })
             .unwrap();
         let mut tokens = 0;

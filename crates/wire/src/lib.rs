@@ -14,8 +14,8 @@ use tonic::transport::{Channel, Endpoint, Server};
 /// v1 remote would drop silently; v3: output constraints, which a v2 remote would ignore;
 /// v4: token restrictions, `min_tokens` / `allowed_token_ids` / `bad_words`, likewise; v5:
 /// the prompt tokens a remote's prefix cache gave, which a v4 front would not understand,
-/// and `FlushCache`, which a v4 remote would not, and a request's `priority`, which it would
-/// ignore).
+/// and `FlushCache`, which a v4 remote would not, and a request's `priority` and
+/// `cache_salt`, which it would ignore).
 pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Largest message either side decodes (a first contact carries the whole prompt).

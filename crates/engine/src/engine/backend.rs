@@ -376,6 +376,7 @@ impl Engine {
         .with_routing(request.routing)
         .with_prompt_logprobs(request.prompt_logprobs);
         req.priority = request.priority;
+        req.cache_salt = request.cache_salt;
         (
             req,
             GenerateStream {

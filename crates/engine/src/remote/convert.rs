@@ -79,6 +79,7 @@ pub(crate) fn handoff(req: &Req, remote_len: Option<usize>, seq: u64) -> pb::Han
             .as_ref()
             .and_then(|c| serde_json::to_string(c).ok()),
         priority: req.priority,
+        cache_salt: req.cache_salt.clone(),
     });
     pb::Handoff {
         rid: req.rid,
@@ -143,6 +144,7 @@ pub(crate) fn mirror_from_first(h: &pb::Handoff, sink: EventSink) -> Result<Req,
         ),
     };
     req.priority = first.priority;
+    req.cache_salt = first.cache_salt.clone();
     req.set_output(
         h.tokens[p..].to_vec(),
         h.sources.iter().map(|&s| s as ModelIndex).collect(),
@@ -241,6 +243,7 @@ mod tests {
     fn a_first_contact_rebuilds_the_request_and_deltas_keep_it_equal() {
         let (mut front, _rx) = req(5);
         front.priority = -7;
+        front.cache_salt = Some("tenant".into());
         front.push_token(tok(11, 0));
         front.push_token(tok(12, 0));
         let first = handoff(&front, None, 1);
@@ -259,6 +262,7 @@ mod tests {
         assert_eq!(copy.sampler.config, front.sampler.config);
         assert_eq!(copy.banned_now(), front.banned_now());
         assert_eq!(copy.priority, -7);
+        assert_eq!(copy.cache_salt.as_deref(), Some("tenant"));
         // Back at the front: the remote wrote one token, the front dropped it and wrote two.
         copy.push_token(tok(13, 1));
         front.push_token(tok(13, 1));

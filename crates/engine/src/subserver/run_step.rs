@@ -42,6 +42,9 @@ impl SubServer {
                     // First contact: a prompt (and answer so far) that starts like an earlier
                     // request's reuses its cached blocks.
                     prefill = true;
+                    if let Some(salt) = &r.cache_salt {
+                        self.runner.salt_sequence(r.rid, salt);
+                    }
                     if self.runner.prefix_caching() {
                         let hit = self.runner.attach_prefix(r.rid, &r.tokens_from(0));
                         if r.output.is_empty() {

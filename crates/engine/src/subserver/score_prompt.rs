@@ -33,6 +33,9 @@ impl SubServer {
                 continue;
             }
             let (rid, prompt) = (r.rid, r.prompt.clone());
+            if let Some(salt) = &r.cache_salt {
+                self.runner.salt_sequence(rid, salt);
+            }
             match self.score(rid, &prompt, top) {
                 Ok(scores) => {
                     let r = &mut self.running[i];

@@ -102,6 +102,7 @@ pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         prompt_logprobs: None,
         constraint: None,
         priority: 0,
+        cache_salt: None,
     }
 }
 

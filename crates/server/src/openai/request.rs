@@ -55,6 +55,8 @@ pub struct CommonFields {
     pub return_tokens_as_token_ids: Option<bool>,
     /// vLLM's: lower is served first under priority scheduling (0 otherwise).
     pub priority: Option<i64>,
+    /// vLLM's: the request shares prefix-cache blocks only with requests of the same salt.
+    pub cache_salt: Option<String>,
     /// Extension: report which model wrote each token.
     pub return_token_sources: Option<bool>,
     /// Extension: per-request overrides of the routing method's kwargs

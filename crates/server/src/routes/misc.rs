@@ -65,6 +65,7 @@ pub async fn health_generate(State(state): State<AppState>) -> Result<Response, 
             prompt_logprobs: None,
             constraint: None,
             priority: 0,
+            cache_salt: None,
         })
         .collect();
     let started = std::time::Instant::now();

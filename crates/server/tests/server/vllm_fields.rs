@@ -1,7 +1,7 @@
 //! vLLM's request fields beyond OpenAI's: `min_tokens`, `allowed_token_ids`, `bad_words`
 //! (reaching the engine request), `include_stop_str_in_output`, `skip_special_tokens`,
 //! stop ids' text, `truncate_prompt_tokens`, `continue_final_message`,
-//! `return_tokens_as_token_ids`, `priority` (also SGLang's and the Responses API's).
+//! `return_tokens_as_token_ids`, `priority` (also SGLang's and the Responses API's), `cache_salt`.
 
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -298,4 +298,21 @@ async fn priority_reaches_the_engine_request_from_every_endpoint() {
             "{body}"
         );
     }
+}
+
+#[tokio::test]
+async fn cache_salt_reaches_the_engine_request_and_must_not_be_empty() {
+    let m = mock();
+    let (status, _) = complete(&m, json!({"cache_salt": "tenant-a"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(last_submitted(&m).cache_salt.as_deref(), Some("tenant-a"));
+    let mut chat = chat_body("hi");
+    chat["cache_salt"] = json!("tenant-b");
+    post_json(app(&m), "/v1/chat/completions", chat).await;
+    assert_eq!(last_submitted(&m).cache_salt.as_deref(), Some("tenant-b"));
+    complete(&m, json!({})).await;
+    assert_eq!(last_submitted(&m).cache_salt, None);
+    let (status, body) = complete(&m, json!({"cache_salt": ""})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_of(&body)["param"], "cache_salt");
 }
