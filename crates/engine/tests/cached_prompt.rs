@@ -8,7 +8,7 @@
 mod common;
 
 use common::{greedy_request, pair, prompt, start};
-use tokenrouter_api::{Backend, GenerateEvent};
+use tokenrouter_api::{Backend, GenerateEvent, GenerateRequest};
 use tokenrouter_engine::Engine;
 
 /// Runs `pinned`'s request to its end: the cached count told and the tokens.
@@ -28,6 +28,12 @@ async fn cached_tokens_sources(
     req.pinned_model = pinned;
     // The routing decisions follow the request's seed.
     req.sampling.seed = Some(seed);
+    run_told(e, req).await
+}
+
+/// Runs `req` to its end: the cached count (told once, before any token), the tokens and
+/// their sources.
+async fn run_told(e: &Engine, req: GenerateRequest) -> (usize, Vec<u32>, Vec<usize>) {
     let mut s = e.submit(req).unwrap();
     let (mut cached, mut tokens, mut sources) = (None, Vec::new(), Vec::new());
     while let Some(ev) = s.events.recv().await {
@@ -123,19 +129,7 @@ async fn a_cache_salt_shares_blocks_only_within_the_salt() {
         req.cache_salt = salt.map(str::to_string);
         req
     };
-    let cached = |req| async {
-        let mut s = e.submit(req).unwrap();
-        let mut cached = None;
-        while let Some(ev) = s.events.recv().await {
-            match ev {
-                GenerateEvent::PromptCached(n) => cached = Some(n),
-                GenerateEvent::Finished { .. } => break,
-                GenerateEvent::Error(m) => panic!("{m}"),
-                _ => {}
-            }
-        }
-        cached.expect("told")
-    };
+    let cached = |req| async { run_told(&e, req).await.0 };
     assert_eq!(cached(salted(Some("tenant-a"))).await, 0);
     assert_eq!(
         cached(salted(Some("tenant-a"))).await,
