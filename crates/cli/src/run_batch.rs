@@ -4,7 +4,7 @@
 //! answers are the server's (`tokenrouter_server::batch`).
 
 use std::io::{BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -81,7 +81,7 @@ pub fn run(a: RunBatchArgs) -> Result<()> {
     Ok(())
 }
 
-fn read_lines(input: &PathBuf) -> Result<Vec<String>> {
+fn read_lines(input: &Path) -> Result<Vec<String>> {
     let text = match input.to_str() {
         Some("-") => std::io::read_to_string(std::io::stdin()).context("cannot read stdin")?,
         _ => std::fs::read_to_string(input)

@@ -168,6 +168,13 @@ impl Req {
         self
     }
 
+    /// vLLM's `priority` and `cache_salt`: where the request queues, which cache it shares.
+    pub fn with_scheduling(mut self, priority: i32, cache_salt: Option<String>) -> Self {
+        self.priority = priority;
+        self.cache_salt = cache_salt;
+        self
+    }
+
     /// Scheduling order under priority scheduling: lower priority value, then older.
     pub fn schedule_key(&self) -> (i32, u64) {
         (self.priority, self.rid)

@@ -362,7 +362,7 @@ impl Engine {
             stop_ids.extend_from_slice(eos_ids);
         }
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-        let mut req = Req::new(
+        let req = Req::new(
             rid,
             request.prompt_ids,
             sampler,
@@ -374,9 +374,8 @@ impl Engine {
             etx,
         )
         .with_routing(request.routing)
-        .with_prompt_logprobs(request.prompt_logprobs);
-        req.priority = request.priority;
-        req.cache_salt = request.cache_salt;
+        .with_prompt_logprobs(request.prompt_logprobs)
+        .with_scheduling(request.priority, request.cache_salt);
         (
             req,
             GenerateStream {

@@ -272,7 +272,7 @@ impl Backend for MockBackend {
                 });
             }
         }
-        let request_id = {
+        let (request_id, cached) = {
             let mut log = lock(&self.log);
             if let Some(limit) = self.cfg.max_running {
                 if log.running >= limit {
@@ -292,7 +292,6 @@ impl Backend for MockBackend {
             log.submitted.push(request.clone());
             (log.submitted.len() as u64, cached)
         };
-        let (request_id, cached) = request_id;
         self.changed.notify_waiters();
         let (tx, rx) = mpsc::unbounded_channel();
         let script = self.script_for(&request).into_bytes();
