@@ -13,6 +13,8 @@
 #   5. end-to-end routing throughput (scripts/gpu_routing.py: serve + bench, random p = 0.35);
 #   7. "structured" (not in the default STEPS): structured output on the 0.6B shape, masks on
 #      the device vs on the host, free vs json_object / schema / regex (scripts/gpu_structured.py);
+#      with STRUCTURED_ARGS="--switch sampling --temperature 0.8 --top-p 0.95": sampled rows
+#      drawn on the device vs on the host instead;
 #   6. "remote" (not in the default STEPS): the 32B served by `tokenrouter subserver` in a
 #      second process on the same GPU vs in-process (scripts/bench_remote.py).
 # Logs go to $OUT; a short table is printed last. STEPS picks sections (default all:

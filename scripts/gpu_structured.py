@@ -8,7 +8,12 @@ concurrencies, with the masks applied on the device (default) and on the host
 (`TOKENROUTER_DEVICE_MASKS=0`: the step's logits all come to the host). Before timing, each
 server answers one schema and one regex request whose text is checked.
 
+With `--switch sampling` the two servers differ instead in where sampled rows draw
+(`TOKENROUTER_SAMPLING=device`, the GPU default, vs `host`: every step's logits to the host)
+and the load is sampled (`--temperature`, `--top-p`, a seed per request).
+
 Usage: python3 scripts/gpu_structured.py --bin BIN [--concurrency 1 16 64] [--out DIR]
+           [--switch masks|sampling] [--temperature 0] [--top-p 1]
 """
 import argparse, json, os, re, subprocess, sys, urllib.request
 
@@ -37,7 +42,9 @@ CONSTRAINTS = {
     # min_tokens, bad words masked at every step).
     "restricted": {"min_tokens": 96, "stop_token_ids": [11], "bad_words": ["def", " return", "import"]},
 }
-MODES = {"device": "1", "host": "0"}
+# Per switch: the variable, and its value on the device and on the host.
+SWITCHES = {"masks": ("TOKENROUTER_DEVICE_MASKS", {"device": "1", "host": "0"}),
+            "sampling": ("TOKENROUTER_SAMPLING", {"device": "device", "host": "host"})}
 
 
 def mask_stats(port):
@@ -84,7 +91,14 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--port", type=int, default=30778)
     ap.add_argument("--out", default="/tmp/gpu_structured")
+    ap.add_argument("--switch", choices=sorted(SWITCHES), default="masks")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
     args = ap.parse_args()
+    var, modes = SWITCHES[args.switch]
+    sampling = ["--temperature", str(args.temperature)]
+    if args.temperature > 0:
+        sampling += ["--seed", "1"]
     os.makedirs(args.out, exist_ok=True)
     cfg = os.path.join(args.out, "qwen3-0.6b-alone.yaml")
     open(cfg, "w").write(
@@ -93,11 +107,11 @@ def main():
         "    random_weights: true\n    device: cuda:0\n    dtype: bf16\n    kv_cache_tokens: 65536\n"
         "system:\n  entry_model: quick\n  max_queued_requests: 512\n")
     rows, answers = [], {}
-    for mode, flag in MODES.items():
+    for mode, flag in modes.items():
         d = os.path.join(args.out, mode)
         os.makedirs(d, exist_ok=True)
         log = open(os.path.join(d, "server.log"), "w")
-        env = dict(os.environ, TOKENROUTER_DEVICE_MASKS=flag)
+        env = dict(os.environ, **{var: flag})
         srv = subprocess.Popen([args.bin, "serve", "--config", cfg, "--port", str(args.port)],
                                stdout=log, stderr=log, env=env)
         try:
@@ -109,10 +123,11 @@ def main():
                     dc = os.path.join(d, f"{name}_c{c}")
                     cmd = [args.bin, "bench", "--base-url", f"http://127.0.0.1:{args.port}", "--model", "quick",
                            "--concurrency", str(c), "--num-prompts", str(max(2 * c, 4)),
-                           "--max-tokens", str(args.max_tokens), "--ignore-eos", "--temperature", "0",
+                           "--max-tokens", str(args.max_tokens), "--ignore-eos", *sampling,
                            "--dataset", "code", "--out-dir", dc, "--no-progress", "--quiet"]
-                    if extra:
-                        cmd += ["--extra-body", json.dumps(extra)]
+                    body = dict(extra or {}, **({"top_p": args.top_p} if args.top_p < 1 else {}))
+                    if body:
+                        cmd += ["--extra-body", json.dumps(body)]
                     before, masks_before = step_stats(args.port)["quick"], mask_stats(args.port)
                     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=300)
                     after, masks_after = step_stats(args.port)["quick"], mask_stats(args.port)
@@ -136,7 +151,7 @@ def main():
               f"regex ok={a['regex']['ok']} finish={a['regex']['finish']}")
     if len(answers) == 2:
         same = all(answers["device"][k]["text"] == answers["host"][k]["text"] for k in ("schema", "regex"))
-        print(f"CHECK device and host masks give the same greedy answers: {same}")
+        print(f"CHECK device and host ({args.switch}) give the same greedy answers: {same}")
     print("| constraint | c | device tok/s | host tok/s | device / host | device step ms | host step ms | masks ms a step (device / host) | mean batch | tokens |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     by = {(r["mode"], r["constraint"], r["concurrency"]): r for r in rows}

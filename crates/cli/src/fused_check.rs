@@ -60,6 +60,7 @@ pub fn check_fused(config: &Path, device: &str) -> Result<()> {
     println!(
         "CHECK masked_greedy wrong_picks {wrong} logprob_max_abs_err {lp_err:.2e} (8 rows of 151936 logits, token masks, vs host)"
     );
+    sample_check(&dev)?;
     let (mut folded_worst, mut norm_worst) = (0f32, 0f32);
     for (what, m, e) in tokenrouter_runtime::cuda::check::check_fused_gemv(&dev)? {
         if what.starts_with("rms_norm") {
@@ -234,5 +235,33 @@ pub fn op_profile(
         }
     }
     r.set_cuda_graphs(true);
+    Ok(())
+}
+
+/// The row sampler (kernels/sample.cuh) against its host reference, with its time a step
+/// against the host path's.
+#[cfg(feature = "cuda")]
+fn sample_check(dev: &candle_core::Device) -> Result<()> {
+    println!("| draw | rows | wrong picks | logprob max err | device ms | host path ms | host / device |");
+    println!("|---|---|---|---|---|---|---|");
+    let (mut wrong, mut rows, mut lp_worst) = (0usize, 0usize, 0f32);
+    for c in tokenrouter_runtime::cuda::sample::check_sample_rows(dev)? {
+        println!(
+            "| {} | {} | {} | {:.2e} | {:.3} | {:.2} | {:.1}x |",
+            c.what,
+            c.rows,
+            c.wrong_picks,
+            c.max_logprob_err,
+            c.device_ms,
+            c.host_ms,
+            c.host_ms / c.device_ms
+        );
+        wrong += c.wrong_picks;
+        rows += c.rows;
+        lp_worst = lp_worst.max(c.max_logprob_err);
+    }
+    println!(
+        "CHECK sample_rows wrong_picks {wrong} of {rows} logprob_max_abs_err {lp_worst:.2e} (kernel vs sampling::race on the host, same keys)"
+    );
     Ok(())
 }

@@ -4,7 +4,7 @@
 //! options. The README's table lists them.
 
 use anyhow::{bail, Result};
-use tokenrouter_runtime::{CpuKernel, KernelOptions};
+use tokenrouter_runtime::{CpuKernel, KernelOptions, Sampling};
 
 /// A variable and the field of the options it sets.
 type Switch<T> = (&'static str, fn(&mut KernelOptions) -> &mut T);
@@ -53,8 +53,15 @@ pub fn apply_with(opts: &mut KernelOptions, get: impl Fn(&str) -> Option<String>
             })?;
         }
     }
+    if let Some(v) = get(SAMPLING) {
+        opts.sampling = Sampling::parse(v.trim())
+            .ok_or_else(|| anyhow::anyhow!("{SAMPLING}={v:?}: expected auto, host or device"))?;
+    }
     Ok(())
 }
+
+/// Where sampled rows draw (`runtime.sampling`).
+const SAMPLING: &str = "TOKENROUTER_SAMPLING";
 
 /// [`apply_with`] from the process environment.
 pub fn apply(opts: &mut KernelOptions) -> Result<()> {
@@ -101,6 +108,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("TOKENROUTER_CUDA_GRAPHS"), "{e}");
+        let k = with(&[("TOKENROUTER_SAMPLING", "host")]).unwrap();
+        assert_eq!(k.sampling, Sampling::Host);
+        let e = with(&[("TOKENROUTER_SAMPLING", "gpu")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("TOKENROUTER_SAMPLING") && e.contains("device"),
+            "{e}"
+        );
         let e = with(&[("TOKENROUTER_CPU_Q5", "fast")])
             .unwrap_err()
             .to_string();

@@ -12,6 +12,7 @@
 //                       (gemv.cuh).
 //   silu_mul:           silu(gate) * up from the fused gate_up projection.
 //   add_rms_norm:       residual add (in place) followed by RMSNorm of the sum.
+//   sample_rows:        one token per row drawn where the logits are (sample.cuh).
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -319,3 +320,4 @@ extern "C" __global__ void embed_gather_bf16(const bf16* __restrict__ weight,
 }
 
 #include "gemv.cuh"
+#include "sample.cuh"

@@ -44,6 +44,44 @@ pub struct KernelOptions {
     /// Greedy rows with structured output pick on the device under an uploaded token mask
     /// (off: such a step's logits all come to the host and are sampled there).
     pub device_masks: bool,
+    /// Where rows are sampled when not every row is plain greedy (see [`Sampling`]).
+    pub sampling: Sampling,
+}
+
+/// Where a step's sampled rows draw their tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sampling {
+    /// `device` on a GPU, `host` on a CPU.
+    #[default]
+    Auto,
+    /// Each request's sampler on the host, over all the step's logits copied there.
+    Host,
+    /// Every row that can (no top logprobs wanted, no penalties or bias in force, a token
+    /// mask only with `device_masks`) draws where the logits are (`sampling::race`: two
+    /// numbers per row reach the host); the others on the host. On a CPU: the GPU's
+    /// algorithm, to compare with it.
+    Device,
+}
+
+impl Sampling {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auto" => Some(Self::Auto),
+            "host" => Some(Self::Host),
+            "device" => Some(Self::Device),
+            _ => None,
+        }
+    }
+
+    /// Whether rows draw where the logits are, for logits on a GPU (`gpu`) or the CPU.
+    pub fn on_device(self, gpu: bool) -> bool {
+        match self {
+            Self::Auto => gpu,
+            Self::Host => false,
+            Self::Device => true,
+        }
+    }
 }
 
 impl Default for KernelOptions {
@@ -61,6 +99,7 @@ impl Default for KernelOptions {
             attention_tiles: false,
             attention_combine_in_kernel: false,
             device_masks: true,
+            sampling: Sampling::Auto,
         }
     }
 }

@@ -32,14 +32,14 @@ mod weights;
 pub use config::{Arch, ModelConfig};
 pub use device_spec::DeviceSpec;
 pub use error::{Result, RuntimeError};
-pub use kernel_options::{CpuKernel, KernelOptions};
+pub use kernel_options::{CpuKernel, KernelOptions, Sampling};
 pub use kv::{KvCapacity, KvUsage, SeqId};
 pub use load::{
     inspect, load_model, load_random, load_random_model, load_runner, KvBudget, LoadOptions,
     LoadedModel,
 };
 pub use runner::{Row, Runner, StepOptions, StepOutput};
-pub use sampling::{Sampled, Sampler, SamplingParams};
+pub use sampling::{RowDraw, Sampled, Sampler, SamplingParams};
 pub use text::{check_shared_vocab, Message, SharedVocab, TextModel};
 /// The CPU quantised matmuls (their own crate: they depend on nothing else here).
 pub use tokenrouter_cpu_kernels as cpu_quant;

@@ -92,6 +92,53 @@ impl StepOutput {
         Ok(ids.into_iter().zip(logprob).collect())
     }
 
+    /// One token per row drawn as `draws` say (greedy rows too), among the ids `allowed`
+    /// flags (as [`StepOutput::greedy_rows_allowed`] takes them), with its log-probability
+    /// over the raw row: [`crate::sampling::race`], where the logits are (a CUDA kernel on
+    /// a GPU, so two numbers per row reach the host). A row holding a NaN gives `(0, NaN)`.
+    pub fn sample_rows(
+        &self,
+        limit: usize,
+        draws: &[crate::sampling::RowDraw],
+        allowed: Option<&Tensor>,
+    ) -> Result<Vec<(u32, f32)>> {
+        let l = &self.logits;
+        let (rows, width) = l.dims2()?;
+        let limit = limit.clamp(1, width);
+        if draws.len() != rows {
+            return Err(RuntimeError::InvalidStep(format!(
+                "{} draws for {rows} rows of logits",
+                draws.len()
+            )));
+        }
+        if let Some(a) = allowed {
+            if a.dims() != [rows, limit] {
+                return Err(RuntimeError::InvalidStep(format!(
+                    "a token mask of shape {:?} for {rows} rows of {limit} logits",
+                    a.dims()
+                )));
+            }
+        }
+        let l = l
+            .narrow(1, 0, limit)?
+            .to_dtype(candle_core::DType::F32)?
+            .contiguous()?;
+        #[cfg(feature = "cuda")]
+        if l.device().is_cuda() {
+            return crate::cuda::sample::sample_rows(&l, draws, allowed);
+        }
+        let allowed = allowed.map(|a| a.to_vec2::<u8>()).transpose()?;
+        Ok(l.to_vec2::<f32>()?
+            .iter()
+            .zip(draws)
+            .enumerate()
+            .map(|(i, (row, draw))| {
+                let mask = allowed.as_ref().map(|a| a[i].as_slice());
+                crate::sampling::race::pick(row, mask, draw)
+            })
+            .collect())
+    }
+
     /// Normalised entropy `H / ln(limit)` of each row's softmax over its first `limit`
     /// logits, computed where the logits are (on a GPU only one number per row reaches the
     /// host). `H = ln Σe^z − Σ p z` with `z = l − max l`, `p = e^z / Σe^z`.

@@ -10,6 +10,9 @@ use std::collections::HashMap;
 
 pub use tokenrouter_api::SamplingParams;
 
+pub mod race;
+pub use race::RowDraw;
+
 /// A sampled token with its log-probability and the top alternatives, all natural-log
 /// probabilities of the raw (unpenalised, temperature-free) distribution.
 #[derive(Clone, Debug, PartialEq)]
@@ -268,14 +271,40 @@ impl Sampler {
         }
     }
 
-    /// The next token from `raw` after penalties, bias and temperature.
-    fn choose(&mut self, raw: &[f32]) -> u32 {
+    /// Whether penalties or bias change this step's logits.
+    fn adjusts(&self) -> bool {
         let c = &self.config;
-        let adjusted = !self.counts.is_empty()
-            && (c.presence_penalty != 0.0 || c.frequency_penalty != 0.0)
+        !self.counts.is_empty() && (c.presence_penalty != 0.0 || c.frequency_penalty != 0.0)
             || (c.repetition_penalty != 1.0
                 && !(self.counts.is_empty() && self.prompt_tokens.is_empty()))
-            || !c.logit_bias.is_empty();
+            || !c.logit_bias.is_empty()
+    }
+
+    /// This step's draw where the logits are ([`race`]), or `None` when it needs the host:
+    /// penalties or bias in force change logits the device does not adjust. A sampled
+    /// draw takes its key from the request's RNG (two words, as a host draw does).
+    pub fn device_draw(&mut self) -> Option<RowDraw> {
+        if self.adjusts() {
+            return None;
+        }
+        let c = &self.config;
+        let mut draw = RowDraw {
+            temperature: c.temperature,
+            top_k: c.top_k.min(u32::MAX as usize) as u32,
+            top_p: c.top_p,
+            min_p: c.min_p,
+            key: 0,
+        };
+        if draw.temperature > 0.0 {
+            draw.key = self.rng.random::<u64>();
+        }
+        Some(draw)
+    }
+
+    /// The next token from `raw` after penalties, bias and temperature.
+    fn choose(&mut self, raw: &[f32]) -> u32 {
+        let adjusted = self.adjusts();
+        let c = &self.config;
         if !adjusted && c.temperature <= 0.0 {
             argmax(raw).0
         } else {

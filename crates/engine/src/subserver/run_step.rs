@@ -1,12 +1,12 @@
 //! The parts of one step between admission and routing: the rows the batch runs, the
 //! forward pass with what the policy needs from it (entropy, top logits), sampling (on the
-//! device for plain greedy batches, else per request on the host), and the step's record
-//! (metrics, the latency log the online tuner reads).
+//! device for plain greedy batches; on a GPU each row it can, the rest on the host), and
+//! the step's record (metrics, the latency log the online tuner reads).
 
 use super::after_step::StepSeen;
 use super::masks::{self, RowMask};
 use super::{shared, StepSample, SubServer};
-use tokenrouter_runtime::{Row, RuntimeError, Sampled, StepOptions, StepOutput};
+use tokenrouter_runtime::{Row, RowDraw, RuntimeError, Sampled, StepOptions, StepOutput};
 
 /// What the forward pass and sampling produced for the running batch.
 pub(super) struct Stepped {
@@ -76,13 +76,15 @@ impl SubServer {
     ) -> Result<Stepped, RuntimeError> {
         let limit = self.sample_limit;
         let model = self.runner.model();
-        let on_device = !model.device().is_cpu()
+        let gpu = !model.device().is_cpu();
+        let kernels = *model.kernels();
+        let on_device = gpu
             && self.needs.no_logits
             && self.running.iter().all(|r| {
                 r.top_logprobs == 0
                     && r.sampler.config.is_plain_greedy()
                     && ((r.grammar.is_none() && !r.sampler.config.restricts_tokens())
-                        || model.kernels().device_masks)
+                        || kernels.device_masks)
             });
         let (want_entropy, want_top) = (self.needs.entropy, self.needs.top_logits);
         let opts = StepOptions {
@@ -117,7 +119,8 @@ impl SubServer {
             None
         };
         // Without the top logits the policy reads them from the host logits.
-        if on_device && (want_top == 0 || top.is_some()) {
+        let top_missing = want_top > 0 && top.is_none();
+        if on_device && !top_missing {
             let mask = masks::upload(&allowed, limit, &output.logits)?;
             let sampled = output
                 .greedy_rows_allowed(limit, mask.as_ref())?
@@ -136,20 +139,80 @@ impl SubServer {
                 sampled,
             });
         }
-        let mut logits = output.logits_rows()?;
-        if poison_first {
-            if let Some(first) = logits.first_mut() {
-                first.iter_mut().for_each(|x| *x = f32::NAN);
-            }
+        // A GPU draws each row it can where the logits are (the same way whatever else is
+        // in the batch, so a seeded request's tokens never depend on its neighbours); the
+        // host samples the rest.
+        let draws = if kernels.sampling.on_device(gpu) {
+            self.device_draws(&allowed, kernels.device_masks)
+        } else {
+            vec![None; self.running.len()]
+        };
+        let mut drawn = Vec::new();
+        if draws.iter().any(Option::is_some) {
+            let mask = masks::upload(&allowed, limit, &output.logits)?;
+            let each: Vec<RowDraw> = draws.iter().map(|d| d.unwrap_or(RowDraw::GREEDY)).collect();
+            drawn = output.sample_rows(limit, &each, mask.as_ref())?;
         }
-        let sampled = self.sample_on_host(&logits, &allowed);
+        let on_host = !self.needs.no_logits || top_missing || draws.iter().any(Option::is_none);
+        let logits = if on_host {
+            let mut logits = output.logits_rows()?;
+            if poison_first {
+                if let Some(first) = logits.first_mut() {
+                    first.iter_mut().for_each(|x| *x = f32::NAN);
+                }
+            }
+            Some(logits)
+        } else {
+            None
+        };
+        let mut host = match &logits {
+            Some(logits) => self.sample_on_host(logits, &allowed, &draws),
+            None => Vec::new(),
+        }
+        .into_iter();
+        let mut drawn = drawn.into_iter();
+        let sampled = draws
+            .iter()
+            .map(|d| match d {
+                Some(_) => drawn.next().map(|(token, logprob)| Sampled {
+                    token,
+                    logprob,
+                    top: Vec::new(),
+                }),
+                None => host.next().flatten(),
+            })
+            .collect::<Option<Vec<Sampled>>>()
+            .ok_or_else(|| RuntimeError::InvalidStep("a row was left unsampled".into()))?;
         Ok(Stepped {
             output,
-            logits: Some(logits),
+            logits,
             entropy,
             top,
             sampled,
         })
+    }
+
+    /// Per running request, its draw on the device this step, or `None` where the host
+    /// samples it: top logprobs wanted, penalties or bias in force, a token mask the device
+    /// does not take, or a failed constraint.
+    fn device_draws(
+        &mut self,
+        allowed: &[Option<RowMask>],
+        device_masks: bool,
+    ) -> Vec<Option<RowDraw>> {
+        self.running
+            .iter_mut()
+            .zip(allowed)
+            .map(|(r, allowed)| {
+                let host =
+                    r.top_logprobs > 0 || r.fault.is_some() || (allowed.is_some() && !device_masks);
+                if host {
+                    None
+                } else {
+                    r.sampler.device_draw()
+                }
+            })
+            .collect()
     }
 
     /// Each constrained or restricted request's tokens allowed next (`None` for the others,
@@ -173,22 +236,29 @@ impl SubServer {
     /// Each request's own sampler over its row (a copy masked by its constraint, if it has
     /// one: the policy sees the model's own distribution). A row with NaN logits, or whose
     /// constraint failed, is not sampled (it fails alone, after the step).
-    fn sample_on_host(&mut self, logits: &[Vec<f32>], allowed: &[Option<RowMask>]) -> Vec<Sampled> {
+    fn sample_on_host(
+        &mut self,
+        logits: &[Vec<f32>],
+        allowed: &[Option<RowMask>],
+        draws: &[Option<RowDraw>],
+    ) -> Vec<Option<Sampled>> {
         let limit = self.sample_limit;
         self.running
             .iter_mut()
             .zip(logits)
             .zip(allowed)
-            .map(|((r, l), allowed)| {
+            .zip(draws)
+            .filter(|(_, draw)| draw.is_none())
+            .map(|(((r, l), allowed), _)| {
                 let unsampled = Sampled {
                     token: 0,
                     logprob: f32::NAN,
                     top: Vec::new(),
                 };
                 if l[..limit.min(l.len())].iter().any(|x| x.is_nan()) || r.fault.is_some() {
-                    return unsampled;
+                    return Some(unsampled);
                 }
-                match allowed {
+                Some(match allowed {
                     None => r.sampler.sample(l, limit, r.top_logprobs),
                     Some(allowed) => {
                         let mut masked = l.clone();
@@ -196,7 +266,7 @@ impl SubServer {
                         r.sampler
                             .sample_constrained(l, &masked, limit, r.top_logprobs)
                     }
-                }
+                })
             })
             .collect()
     }

@@ -39,12 +39,13 @@ pub fn ptr(t: Option<&Tensor>) -> Result<u64> {
     slice_ptr(cs, layout)
 }
 
-fn slice_ptr(cs: &CudaStorage, layout: &Layout) -> Result<u64> {
+pub(crate) fn slice_ptr(cs: &CudaStorage, layout: &Layout) -> Result<u64> {
     let stream = cs.device.cuda_stream();
     let base = match cs.dtype() {
         DType::BF16 => cs.as_cuda_slice::<bf16>()?.device_ptr(&stream).0,
         DType::F32 => cs.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
         DType::U32 => cs.as_cuda_slice::<u32>()?.device_ptr(&stream).0,
+        DType::U8 => cs.as_cuda_slice::<u8>()?.device_ptr(&stream).0,
         d => return Err(err(format!("unsupported dtype {d:?}"))),
     };
     Ok(base + (layout.start_offset() * cs.dtype().size_in_bytes()) as u64)

@@ -1,0 +1,111 @@
+//! Rows drawn where the logits are (`runtime.sampling: device`, what a GPU does by
+//! default), run here on the CPU: a seeded request writes the same tokens alone and beside
+//! rows the host samples (top logprobs, penalties) or draws greedily, so the per-row split
+//! never leaks between requests; top-k 1 is greedy; logprobs are the model's own.
+
+mod common;
+
+use common::*;
+use tokenrouter_api::{Backend, GenerateEvent, GenerateRequest, SamplingParams};
+use tokenrouter_engine::Engine;
+
+/// Both models drawing on the "device", routing at random (p = 0.5).
+fn device_pair(p: &Pair) -> Engine {
+    let runtime = "    runtime:\n      sampling: device\n";
+    let yaml = format!(
+        "model:\n  quick:\n    model_path: {}\n    scheduler_class: random\n    scheduler_kwargs: {{p: 0.5, seed: 3}}\n    kv_cache_tokens: 8192\n{runtime}  reference:\n    model_path: {}\n    scheduler_class: random\n    kv_cache_tokens: 8192\n{runtime}system:\n  entry_model: quick\n",
+        p.small.display(),
+        p.large.display()
+    );
+    let file = p.dir.path().join("device.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    start(tokenrouter_engine::EngineConfig::from_file(&file).unwrap())
+}
+
+fn sampled(salt: u32, pinned: usize) -> GenerateRequest {
+    GenerateRequest {
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_p: 0.9,
+            seed: Some(u64::from(salt) + 100),
+            ..Default::default()
+        },
+        pinned_model: Some(pinned),
+        ..greedy_request(prompt(7, salt), 20)
+    }
+}
+
+/// (ids, logprobs) of a request.
+async fn tokens(e: &Engine, req: GenerateRequest) -> (Vec<u32>, Vec<f32>) {
+    let mut s = e.submit(req).unwrap();
+    let (mut ids, mut lps) = (Vec::new(), Vec::new());
+    while let Some(ev) = s.events.recv().await {
+        match ev {
+            GenerateEvent::Token(t) => {
+                ids.push(t.id);
+                lps.push(t.logprob);
+            }
+            GenerateEvent::Finished { .. } => break,
+            GenerateEvent::PromptCached(_) => {}
+            GenerateEvent::Error(m) => panic!("request failed: {m}"),
+            GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
+        }
+    }
+    (ids, lps)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seeded_row_draws_the_same_alone_and_beside_host_rows() {
+    let p = pair();
+    let e = device_pair(&p);
+    let mut distinct = std::collections::HashSet::new();
+    for salt in 0..4u32 {
+        for pinned in [0, 1] {
+            let alone = tokens(&e, sampled(salt, pinned)).await;
+            // Beside it: a row sampled on the host for its top logprobs, one for its
+            // penalty, a greedy row.
+            let mut logprobs = sampled(salt + 10, pinned);
+            logprobs.top_logprobs = 3;
+            let mut penalised = sampled(salt + 20, pinned);
+            penalised.sampling.presence_penalty = 0.5;
+            let greedy = GenerateRequest {
+                pinned_model: Some(pinned),
+                ..greedy_request(prompt(5, salt + 30), 20)
+            };
+            let (crowded, _, _, _) = tokio::join!(
+                tokens(&e, sampled(salt, pinned)),
+                tokens(&e, logprobs),
+                tokens(&e, penalised),
+                tokens(&e, greedy)
+            );
+            assert_eq!(alone.0, crowded.0, "salt {salt} pinned {pinned}");
+            assert_eq!(alone.0.len(), 20);
+            distinct.insert(alone.0);
+        }
+    }
+    assert_eq!(distinct.len(), 8, "seeds gave the same answers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_k_one_is_greedy_and_logprobs_are_the_models() {
+    let p = pair();
+    let e = device_pair(&p);
+    let limit = e.shared().unwrap().sample_limit;
+    for salt in 0..3u32 {
+        let want = greedy_alone(&p.small, &prompt(6, salt), 12, limit);
+        let mut req = sampled(salt, 0);
+        req.prompt_ids = prompt(6, salt);
+        req.max_tokens = Some(12);
+        req.sampling.top_k = 1;
+        req.sampling.top_p = 1.0;
+        let (ids, lps) = tokens(&e, req.clone()).await;
+        assert_eq!(ids, want, "salt {salt}");
+        // The same request sampled on the host reports the same log-probabilities.
+        req.top_logprobs = 1;
+        let (host_ids, host_lps) = tokens(&e, req).await;
+        assert_eq!(host_ids, want);
+        for (a, b) in lps.iter().zip(&host_lps) {
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
+    }
+}
