@@ -113,6 +113,11 @@ struct ServeArgs {
     /// arrival; preemption frees the highest first). Sets `system.scheduling_policy`.
     #[arg(long, value_parser = ["fcfs", "priority"])]
     scheduling_policy: Option<String>,
+    /// Responses API answers kept in memory for `previous_response_id` and
+    /// `GET /v1/responses/{id}`, the oldest dropped first; 0 stores none (`store` is then
+    /// answered `false`).
+    #[arg(long, default_value_t = 1000)]
+    max_stored_responses: usize,
 }
 
 #[derive(clap::Args)]
@@ -273,6 +278,7 @@ fn serve(a: ServeArgs) -> Result<()> {
             shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
             tool_call_parser: a.tool_call_parser,
             reasoning_parser: a.reasoning_parser,
+            max_stored_responses: a.max_stored_responses,
             ..server_config(&engine, a.api_key, cors)
         };
         let backend: Arc<dyn tokenrouter_api::Backend> = Arc::new(engine.clone());

@@ -39,6 +39,9 @@ pub struct ServerConfig {
     pub tool_call_parser: ToolCallParser,
     /// How reasoning models' thinking is told from their answer.
     pub reasoning_parser: ReasoningParser,
+    /// Responses API answers kept for `previous_response_id` and `GET /v1/responses/{id}`
+    /// (the oldest dropped first; 0 keeps none).
+    pub max_stored_responses: usize,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +58,7 @@ impl Default for ServerConfig {
             cors: CorsPolicy::Off,
             tool_call_parser: ToolCallParser::Hermes,
             reasoning_parser: ReasoningParser::None,
+            max_stored_responses: 1000,
         }
     }
 }

@@ -29,6 +29,9 @@ pub enum ApiError {
     /// 404: the `model` field names no served model.
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
+    /// 404: no stored response has this id (`param`: the field that named it, if any).
+    #[error("no stored response has the id `{id}`")]
+    ResponseNotFound { id: String, param: Option<String> },
     /// 404: no such route.
     #[error("no route for {0}")]
     RouteNotFound(String),
@@ -78,7 +81,9 @@ impl ApiError {
             | ApiError::PromptTooLong { .. }
             | ApiError::Text(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::ModelNotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_)
+            | ApiError::RouteNotFound(_)
+            | ApiError::ResponseNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Submit(e) => match e {
@@ -113,6 +118,7 @@ impl ApiError {
             ApiError::InvalidParam { param, .. } => Some(param.clone()),
             ApiError::MissingField(field) => Some(field.clone()),
             ApiError::ModelNotFound(_) => Some("model".into()),
+            ApiError::ResponseNotFound { param, .. } => param.clone(),
             ApiError::Submit(SubmitError::InvalidField { param, .. }) => Some(param.clone()),
             _ => None,
         }
@@ -127,6 +133,7 @@ impl ApiError {
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::RouteNotFound(_) => "not_found",
+            ApiError::ResponseNotFound { .. } => "response_not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::PromptTooLong { .. } => "context_length_exceeded",
             ApiError::BodyTooLarge { .. } => "request_too_large",

@@ -31,6 +31,7 @@ mod provenance;
 mod reasoning;
 mod render;
 mod respond;
+mod response_store;
 mod responses;
 mod routes;
 pub mod sglang;
@@ -77,6 +78,7 @@ fn build(
     let lifecycle = Arc::new(Lifecycle::default());
     let state = AppState {
         backend,
+        responses: Arc::new(response_store::ResponseStore::new(cfg.max_stored_responses)),
         config: Arc::new(cfg),
         metrics: Arc::new(metrics::Metrics::new().map_err(ServerError::Metrics)?),
         lifecycle: lifecycle.clone(),

@@ -22,6 +22,7 @@ use crate::generation::{ChoiceUpdate, Generation};
 use crate::params::GenerationPlan;
 use crate::provenance::ProvenanceCounter;
 use crate::reasoning::{ReasoningReader, Split};
+use crate::response_store::{ResponseStore, Stored};
 use crate::state::AppState;
 use crate::tools::{Shown, ToolCallReader};
 
@@ -44,12 +45,20 @@ impl Echoed {
             given("tool_choice", json!("auto")),
             given("tools", json!([])),
             given("user", Value::Null),
-            ("previous_response_id".into(), Value::Null),
+            given("previous_response_id", Value::Null),
             ("store".into(), json!(false)),
             ("truncation".into(), json!("disabled")),
             ("temperature".into(), json!(plan.sampling.temperature)),
             ("top_p".into(), json!(plan.sampling.top_p)),
         ]))
+    }
+}
+
+impl Echoed {
+    /// The same with `key` set to `value`.
+    pub fn with(mut self, key: &str, value: Value) -> Self {
+        self.0.insert(key.into(), value);
+        self
     }
 }
 
@@ -64,6 +73,8 @@ pub struct Answer {
     items: Items,
     /// Events are numbered from 0.
     sequence: u64,
+    /// Where the finished response goes, with the input it answered (`store`).
+    store: Option<(Arc<ResponseStore>, Vec<Value>)>,
 }
 
 impl Answer {
@@ -85,7 +96,27 @@ impl Answer {
             provenance: ProvenanceCounter::new(names),
             items: Items::new(plan, state.backend.clone()),
             sequence: 0,
+            store: None,
         }
+    }
+
+    /// The finished response is kept in `store` with `input`.
+    pub fn stored_in(mut self, store: Arc<ResponseStore>, input: Vec<Value>) -> Self {
+        self.store = Some((store, input));
+        self
+    }
+
+    /// The finished response object, stored when asked.
+    fn finished(&mut self, incomplete: bool) -> Value {
+        let object = self.object(Some(incomplete));
+        if let Some((store, input)) = self.store.take() {
+            let stored = Stored {
+                response: object.clone(),
+                input,
+            };
+            store.insert(self.id.clone(), stored);
+        }
+        object
     }
 
     /// Waits for the whole answer.
@@ -108,7 +139,7 @@ impl Answer {
                 }
             }
         }
-        Ok(Json(self.object(Some(incomplete))).into_response())
+        Ok(Json(self.finished(incomplete)).into_response())
     }
 
     /// The answer as its stream of events.
@@ -157,7 +188,7 @@ impl Answer {
                     true => "response.incomplete",
                     false => "response.completed",
                 };
-                out.push(json!({"type": kind, "response": self.object(Some(incomplete))}));
+                out.push(json!({"type": kind, "response": self.finished(incomplete)}));
                 true
             }
             None => true,

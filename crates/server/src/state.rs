@@ -19,6 +19,8 @@ pub struct AppState {
     pub lifecycle: Arc<Lifecycle>,
     /// Running `/generate` requests by rid (SGLang's `/abort_request`).
     pub aborts: Arc<crate::aborts::Aborts>,
+    /// Finished Responses API answers (`store`).
+    pub responses: Arc<crate::response_store::ResponseStore>,
 }
 
 /// Shutdown phases: draining (new generation requests get 503, health is 503) and then

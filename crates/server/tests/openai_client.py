@@ -220,6 +220,22 @@ class Suite:
                                                      tools=tools, max_output_tokens=128, stream=True))
         args = "".join(e.delta for e in streamed if e.type == "response.function_call_arguments.delta")
         check(json.loads(args) == {"city": "Paris"}, args)
+        # Stored: the tool call's response continued by id, sending only the tool's output
+        # (the Agents SDK's way); fetched, its input listed, deleted.
+        follow = self.client.responses.create(model="tokenrouter", tools=tools, max_output_tokens=64,
+                                              previous_response_id=r.id, input=[
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}])
+        check(follow.output_text == SCRIPT and follow.previous_response_id == r.id, follow)
+        check(self.client.responses.retrieve(r.id).output[0].type == "function_call", r.id)
+        items = self.client.responses.input_items.list(follow.id, order="asc")
+        kinds = [i.type for i in items.data]
+        check(kinds == ["message", "function_call", "function_call_output"], kinds)
+        self.client.responses.delete(r.id)
+        try:
+            self.client.responses.retrieve(r.id)
+            raise AssertionError("a deleted response was still there")
+        except openai.NotFoundError:
+            pass
 
     def test_errors(self):
         def expect(exc, fn):

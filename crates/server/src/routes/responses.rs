@@ -1,15 +1,20 @@
-//! `POST /v1/responses`, OpenAI's Responses API (as vLLM serves it, without stored
-//! responses): the request is read as the chat request it amounts to — `instructions` a
+//! `POST /v1/responses`, OpenAI's Responses API: the request is read as the chat request it amounts to — `instructions` a
 //! system message; `input` a string or items (messages with `input_text` / `output_text`
 //! parts, earlier `function_call`s and their `function_call_output`s); flat function `tools`;
 //! `text.format` as `response_format`; `max_output_tokens` — and answered as a response
 //! object (`crate::responses`), whole or as its stream of typed events. The chat fields we
 //! take beyond OpenAI's (sampling extras, `routing`, `return_token_sources`) pass through.
+//! Finished answers are stored (`crate::response_store`) unless `store: false`: a request
+//! naming one by `previous_response_id` continues its conversation, and
+//! `GET` / `DELETE /v1/responses/{id}` and `GET …/input_items` reach it.
 
 use std::time::Instant;
 
-use axum::extract::State;
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
 use axum::response::Response;
+use axum::Json;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
@@ -49,38 +54,175 @@ pub async fn responses(
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
-    let Value::Object(fields) = body else {
+    let Value::Object(mut fields) = body else {
         return Err(ApiError::invalid(
             "input",
             "the request body must be a JSON object",
         ));
     };
-    if fields
-        .get("previous_response_id")
-        .is_some_and(|v| !v.is_null())
-    {
-        return Err(ApiError::invalid(
-            "previous_response_id",
-            "responses are not stored here: send the whole conversation in `input`",
-        ));
-    }
     if fields.get("background") == Some(&Value::Bool(true)) {
         return Err(ApiError::invalid(
             "background",
             "background responses are not supported",
         ));
     }
+    let store = state.responses.enabled() && fields.get("store") != Some(&Value::Bool(false));
+    let input = whole_input(&state, &fields)?;
+    if let Some(items) = &input {
+        fields.insert("input".into(), Value::Array(items.clone()));
+    }
     let chat_body = chat_request(&fields)?;
     let (mut plan, ids) = chat::prepare(&state, &chat_body)
         .await
         .map_err(responses_param)?;
-    let echoed = Echoed::of(&fields, &plan);
+    let echoed = Echoed::of(&fields, &plan).with("store", json!(store));
     let generation = respond::start(&state, &mut plan, &[ids], arrival)?;
-    let answer = responses::Answer::new(&state, &plan, echoed, generation);
+    let mut answer = responses::Answer::new(&state, &plan, echoed, generation);
+    if let (true, Some(items)) = (store, input) {
+        answer = answer.stored_in(state.responses.clone(), with_ids(items));
+    }
     if plan.stream {
         Ok(answer.stream())
     } else {
         answer.whole().await
+    }
+}
+
+/// The conversation this request answers as input items: a `previous_response_id`'s input
+/// and output, then this request's `input` (a string is one user message). `None` when
+/// `input` is neither a string nor a list (`chat_request` says why).
+fn whole_input(
+    state: &AppState,
+    fields: &Map<String, Value>,
+) -> Result<Option<Vec<Value>>, ApiError> {
+    let own = match fields.get("input") {
+        Some(Value::String(text)) => {
+            vec![json!({"type": "message", "role": "user", "content": text})]
+        }
+        Some(Value::Array(items)) => items.clone(),
+        _ => return Ok(None),
+    };
+    let previous = match fields.get("previous_response_id") {
+        None | Some(Value::Null) => return Ok(Some(own)),
+        Some(Value::String(id)) => {
+            state
+                .responses
+                .get(id)
+                .ok_or_else(|| ApiError::ResponseNotFound {
+                    id: crate::error::truncate_for_echo(id),
+                    param: Some("previous_response_id".into()),
+                })?
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "previous_response_id",
+                "`previous_response_id` must be a string",
+            ))
+        }
+    };
+    let mut items = previous.input;
+    if let Some(output) = previous.response.get("output").and_then(Value::as_array) {
+        items.extend(output.iter().cloned());
+    }
+    items.extend(own);
+    Ok(Some(items))
+}
+
+/// Input items as stored: each with an `id` (kept when given), as
+/// `GET /v1/responses/{id}/input_items` lists them.
+fn with_ids(items: Vec<Value>) -> Vec<Value> {
+    items
+        .into_iter()
+        .map(|mut item| {
+            if let Value::Object(fields) = &mut item {
+                if !fields.contains_key("id") {
+                    let prefix = match fields.get("type").and_then(Value::as_str) {
+                        None | Some("message") => "msg",
+                        Some(_) => "item",
+                    };
+                    let id = format!("{prefix}_{:032x}", rand::random::<u128>());
+                    fields.insert("id".into(), Value::String(id));
+                }
+            }
+            item
+        })
+        .collect()
+}
+
+/// `GET /v1/responses/{id}`: a stored response.
+pub async fn retrieve(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(stored(&state, &id)?.response))
+}
+
+/// `DELETE /v1/responses/{id}`.
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if !state.responses.remove(&id) {
+        return Err(not_found(&id));
+    }
+    Ok(Json(
+        json!({"id": id, "object": "response.deleted", "deleted": true}),
+    ))
+}
+
+/// `GET /v1/responses/{id}/input_items`: the input a stored response answered, OpenAI's
+/// list (`order` `desc` by default, `limit` 1-100 (20), `after` an item id).
+pub async fn input_items(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let mut items = stored(&state, &id)?.input;
+    match query.get("order").map(String::as_str) {
+        None | Some("desc") => items.reverse(),
+        Some("asc") => {}
+        Some(_) => return Err(ApiError::invalid("order", "`order` must be asc or desc")),
+    }
+    let limit = match query.get("limit") {
+        None => 20,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=100).contains(n))
+            .ok_or_else(|| {
+                ApiError::invalid("limit", "`limit` must be an integer from 1 to 100")
+            })?,
+    };
+    if let Some(after) = query.get("after") {
+        let at = items
+            .iter()
+            .position(|item| item.get("id").and_then(Value::as_str) == Some(after))
+            .ok_or_else(|| {
+                ApiError::invalid("after", "`after` names no input item of this response")
+            })?;
+        items.drain(..=at);
+    }
+    let has_more = items.len() > limit;
+    items.truncate(limit);
+    let id_of = |item: Option<&Value>| {
+        item.and_then(|i| i.get("id"))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    Ok(Json(
+        json!({"object": "list", "first_id": id_of(items.first()),
+        "last_id": id_of(items.last()), "has_more": has_more, "data": items}),
+    ))
+}
+
+fn stored(state: &AppState, id: &str) -> Result<crate::response_store::Stored, ApiError> {
+    state.responses.get(id).ok_or_else(|| not_found(id))
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::ResponseNotFound {
+        id: crate::error::truncate_for_echo(id),
+        param: None,
     }
 }
 

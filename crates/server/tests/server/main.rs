@@ -15,6 +15,7 @@ mod openai_client;
 mod reasoning;
 mod responses;
 mod shutdown;
+mod stored_responses;
 mod streaming;
 mod structured;
 mod tools;

@@ -16,7 +16,7 @@ use crate::mock::{MockBackend, MockConfig};
 
 const SCRIPT: &str = "Hello, world! The answer is 42. é日本🙂 END of story.";
 
-fn output_text(response: &Value) -> String {
+pub fn output_text(response: &Value) -> String {
     response["output"]
         .as_array()
         .unwrap()
@@ -216,10 +216,6 @@ async fn the_stream_is_ordered_numbered_typed_events() {
 #[tokio::test]
 async fn refusals_name_the_responses_field() {
     for (body, param) in [
-        (
-            json!({"input": "x", "previous_response_id": "resp_1"}),
-            "previous_response_id",
-        ),
         (json!({"instructions": "x"}), "input"),
         (json!({"input": 5}), "input"),
         (
