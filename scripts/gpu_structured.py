@@ -13,7 +13,8 @@ With `--switch sampling` the two servers differ instead in where sampled rows dr
 and the load is sampled (`--temperature`, `--top-p`, a seed per request).
 
 Usage: python3 scripts/gpu_structured.py --bin BIN [--concurrency 1 16 64] [--out DIR]
-           [--switch masks|sampling] [--temperature 0] [--top-p 1]
+           [--switch masks|sampling] [--temperature 0] [--top-p 1] [--constraints free ...]
+           [--modes device host]
 """
 import argparse, json, os, re, subprocess, sys, urllib.request
 
@@ -94,8 +95,11 @@ def main():
     ap.add_argument("--switch", choices=sorted(SWITCHES), default="masks")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--constraints", nargs="+", choices=list(CONSTRAINTS), default=list(CONSTRAINTS))
+    ap.add_argument("--modes", nargs="+", choices=["device", "host"], default=["device", "host"])
     args = ap.parse_args()
     var, modes = SWITCHES[args.switch]
+    modes = {m: v for m, v in modes.items() if m in args.modes}
     sampling = ["--temperature", str(args.temperature)]
     if args.temperature > 0:
         sampling += ["--seed", "1"]
@@ -119,7 +123,7 @@ def main():
             answers[mode] = checks(args.port)
             print(json.dumps({mode: answers[mode]}), file=sys.stderr, flush=True)
             for c in args.concurrency:
-                for name, extra in CONSTRAINTS.items():
+                for name, extra in ((n, CONSTRAINTS[n]) for n in args.constraints):
                     dc = os.path.join(d, f"{name}_c{c}")
                     cmd = [args.bin, "bench", "--base-url", f"http://127.0.0.1:{args.port}", "--model", "quick",
                            "--concurrency", str(c), "--num-prompts", str(max(2 * c, 4)),
