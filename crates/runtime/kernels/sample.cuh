@@ -6,7 +6,9 @@
 //   then, when sampled, in scaled logits s = (l - best) / T:
 //   3. top-k: a 16-way search (7 passes) for the largest t with #{s >= t} >= k;
 //   4. top-p: the same search for the largest t with Σ_{s >= t} e^s >= top_p Σ_{s >= base} e^s;
-//   5. the Gumbel race: argmax of s + (-ln(-ln u_i)) over s >= max(base, ln min_p, t_p).
+//   5. the Gumbel race: argmax of s + (-ln(-ln u_i)) over s >= max(base, ln min_p, t_p);
+//   6. the top alternatives asked for, one pass each over the raw row.
+// Penalties and bias are applied first to a copy of the logits (adjust_logits_f32).
 // Sums are per thread, then a fixed tree: a row's pick depends on nothing but its inputs.
 // Cuts are computed with explicit rounding (no FMA contraction) as the reference does.
 
@@ -131,13 +133,32 @@ __device__ float race_search(const float* row, const unsigned char* ok, int limi
     return lo;
 }
 
-// logits [rows, limit] f32; allowed [rows, limit] u8 or null; params [rows, 4] f32
-// (temperature, top_p, min_p, top_k); keys [rows, 2] u32 (low, high); out [rows, 2] f32
-// (the token's bits, its raw log-probability or NaN for a row holding a NaN).
-extern "C" __global__ void sample_rows_f32(const float* __restrict__ logits, int limit,
+// Penalties and bias on a copy of the logits: entries [n, 5] f32 (row, id, sub, rep, bias), at
+// most one per (row, id): x - sub, then / rep when positive and * rep otherwise, then + bias
+// (race.rs `Adjust::apply`).
+extern "C" __global__ void adjust_logits_f32(float* __restrict__ logits, int limit,
+                                             const float* __restrict__ entries, int n) {
+    pdl_begin();
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    const float* en = entries + 5 * (long long)e;
+    float* at = logits + (long long)en[0] * limit + (long long)en[1];
+    float x = __fsub_rn(*at, en[2]);
+    const float rep = en[3];
+    if (rep != 1.f) x = x > 0.f ? __fdiv_rn(x, rep) : __fmul_rn(x, rep);
+    *at = __fadd_rn(x, en[4]);
+}
+
+// raw [rows, limit] f32 (the model's logits); sel: the logits the token is chosen from (raw
+// after penalties and bias; null: raw); allowed [rows, limit] u8 or null; params [rows, 4] f32
+// (temperature, top_p, min_p, top_k); keys [rows, 2] u32 (low, high); out [rows, 2 + 2 top_n]
+// f32: the token's bits, its raw log-probability (NaN for a row holding a NaN), then the
+// top_n best raw ids (bits) and log-probabilities, best first, ties to the lower id.
+extern "C" __global__ void sample_rows_f32(const float* __restrict__ raw_logits,
+                                           const float* __restrict__ sel_logits, int limit,
                                            const unsigned char* __restrict__ allowed,
                                            const float* __restrict__ params,
-                                           const unsigned* __restrict__ keys,
+                                           const unsigned* __restrict__ keys, int top_n,
                                            float* __restrict__ out) {
     pdl_begin();
     __shared__ float scratch[32 * SAMPLE_WAYS];
@@ -145,21 +166,24 @@ extern "C" __global__ void sample_rows_f32(const float* __restrict__ logits, int
     __shared__ float sv[32];
     __shared__ int si[32];
     const int r = blockIdx.x;
-    const float* row = logits + (long long)r * limit;
+    const float* raw = raw_logits + (long long)r * limit;
+    const float* row = sel_logits ? sel_logits + (long long)r * limit : raw;
     const unsigned char* ok = allowed ? allowed + (long long)r * limit : nullptr;
     const float temp = params[4 * r], top_p = params[4 * r + 1], min_p = params[4 * r + 2];
     const float top_k = params[4 * r + 3];
     const unsigned long long key = ((unsigned long long)keys[2 * r + 1] << 32) | keys[2 * r];
+    float* o = out + (long long)r * (2 + 2 * top_n);
 
     int nan = 0;
     float rmax = -INFINITY, bval = -INFINITY;
     int bidx = -1;
     for (int i = threadIdx.x; i < limit; i += blockDim.x) {
-        float v = row[i];
+        float v = raw[i];
         nan |= isnan(v);
         rmax = fmaxf(rmax, v);
-        if ((!ok || ok[i]) && (bidx < 0 || v > bval)) {
-            bval = v;
+        float w = row[i];
+        if ((!ok || ok[i]) && (bidx < 0 || w > bval)) {
+            bval = w;
             bidx = i;
         }
     }
@@ -167,7 +191,7 @@ extern "C" __global__ void sample_rows_f32(const float* __restrict__ logits, int
     rmax = block_max(rmax, scratch);
     race_block_argmax(bval, bidx, sv, si);
     float sum = 0.f;
-    for (int i = threadIdx.x; i < limit; i += blockDim.x) sum += expf(row[i] - rmax);
+    for (int i = threadIdx.x; i < limit; i += blockDim.x) sum += expf(raw[i] - rmax);
     sum = block_sum(sum, scratch);
     const float lse = rmax + logf(sum);
 
@@ -200,7 +224,25 @@ extern "C" __global__ void sample_rows_f32(const float* __restrict__ logits, int
         if (gi >= 0) token = gi;
     }
     if (threadIdx.x == 0) {
-        out[2 * r] = __uint_as_float((unsigned)token);
-        out[2 * r + 1] = nan ? NAN : row[token] - lse;
+        o[0] = __uint_as_float((unsigned)token);
+        o[1] = nan ? NAN : raw[token] - lse;
+    }
+    // The top alternatives: each pass the best after the previous pick (value desc, id asc).
+    float pv = INFINITY;
+    int pi = -1;
+    for (int k = 0; k < top_n && !nan; ++k) {
+        float v = -INFINITY;
+        int vi = -1;
+        for (int i = threadIdx.x; i < limit; i += blockDim.x) {
+            float x = raw[i];
+            if (pi < 0 || x < pv || (x == pv && i > pi)) race_better(v, vi, x, i);
+        }
+        race_block_argmax(v, vi, sv, si);
+        if (threadIdx.x == 0) {
+            o[2 + 2 * k] = __uint_as_float((unsigned)(vi < 0 ? 0 : vi));
+            o[3 + 2 * k] = vi < 0 ? -INFINITY : v - lse;
+        }
+        pv = v;
+        pi = vi;
     }
 }

@@ -57,10 +57,10 @@ pub enum Sampling {
     Auto,
     /// Each request's sampler on the host, over all the step's logits copied there.
     Host,
-    /// Every row that can (no top logprobs wanted, no penalties or bias in force, a token
-    /// mask only with `device_masks`) draws where the logits are (`sampling::race`: two
-    /// numbers per row reach the host); the others on the host. On a CPU: the GPU's
-    /// algorithm, to compare with it.
+    /// Every row that can (at most `race::TOP_MAX` top logprobs, a token mask only with
+    /// `device_masks`) draws where the logits are (`sampling::race`, penalties and bias as
+    /// sparse adjustments: a few numbers per row reach the host); the others on the host.
+    /// On a CPU: the GPU's algorithm, to compare with it.
     Device,
 }
 

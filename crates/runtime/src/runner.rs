@@ -8,6 +8,7 @@ use crate::config::ModelConfig;
 use crate::error::{Result, RuntimeError};
 use crate::kv::{BlockManager, BlockTable, KvCapacity, KvStore, KvUsage, LayerKv, SeqId};
 use crate::model::{ForwardOutput, Transformer};
+use crate::sampling::Sampled;
 use candle_core::Tensor;
 use std::collections::HashSet;
 
@@ -92,29 +93,31 @@ impl StepOutput {
         Ok(ids.into_iter().zip(logprob).collect())
     }
 
-    /// One token per row drawn as `draws` say (greedy rows too), among the ids `allowed`
-    /// flags (as [`StepOutput::greedy_rows_allowed`] takes them), with its log-probability
-    /// over the raw row: [`crate::sampling::race`], where the logits are (a CUDA kernel on
-    /// a GPU, so two numbers per row reach the host). A row holding a NaN gives `(0, NaN)`.
+    /// One token per row drawn as `rows` say (greedy rows too; penalties and bias as
+    /// sparse adjustments), among the ids `allowed` flags (as
+    /// [`StepOutput::greedy_rows_allowed`] takes them), with its log-probability and top
+    /// alternatives over the raw row: [`crate::sampling::race`], where the logits are (CUDA
+    /// kernels on a GPU, so a few numbers per row reach the host). A row holding a NaN gives
+    /// token 0 with a NaN log-probability.
     pub fn sample_rows(
         &self,
         limit: usize,
-        draws: &[crate::sampling::RowDraw],
+        rows: &[crate::sampling::race::DrawRow],
         allowed: Option<&Tensor>,
-    ) -> Result<Vec<(u32, f32)>> {
+    ) -> Result<Vec<Sampled>> {
         let l = &self.logits;
-        let (rows, width) = l.dims2()?;
+        let (n, width) = l.dims2()?;
         let limit = limit.clamp(1, width);
-        if draws.len() != rows {
+        if rows.len() != n {
             return Err(RuntimeError::InvalidStep(format!(
-                "{} draws for {rows} rows of logits",
-                draws.len()
+                "{} draws for {n} rows of logits",
+                rows.len()
             )));
         }
         if let Some(a) = allowed {
-            if a.dims() != [rows, limit] {
+            if a.dims() != [n, limit] {
                 return Err(RuntimeError::InvalidStep(format!(
-                    "a token mask of shape {:?} for {rows} rows of {limit} logits",
+                    "a token mask of shape {:?} for {n} rows of {limit} logits",
                     a.dims()
                 )));
             }
@@ -125,16 +128,16 @@ impl StepOutput {
             .contiguous()?;
         #[cfg(feature = "cuda")]
         if l.device().is_cuda() {
-            return crate::cuda::sample::sample_rows(&l, draws, allowed);
+            return crate::cuda::sample::sample_rows(&l, rows, allowed);
         }
         let allowed = allowed.map(|a| a.to_vec2::<u8>()).transpose()?;
         Ok(l.to_vec2::<f32>()?
             .iter()
-            .zip(draws)
+            .zip(rows)
             .enumerate()
-            .map(|(i, (row, draw))| {
+            .map(|(i, (raw, row))| {
                 let mask = allowed.as_ref().map(|a| a[i].as_slice());
-                crate::sampling::race::pick(row, mask, draw)
+                crate::sampling::race::pick_row(raw, row, mask)
             })
             .collect())
     }

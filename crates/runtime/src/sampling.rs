@@ -280,13 +280,10 @@ impl Sampler {
             || !c.logit_bias.is_empty()
     }
 
-    /// This step's draw where the logits are ([`race`]), or `None` when it needs the host:
-    /// penalties or bias in force change logits the device does not adjust. A sampled
-    /// draw takes its key from the request's RNG (two words, as a host draw does).
-    pub fn device_draw(&mut self) -> Option<RowDraw> {
-        if self.adjusts() {
-            return None;
-        }
+    /// This step's draw where the logits are ([`race`]); a sampled draw takes its key from
+    /// the request's RNG (two words, as a host draw does). Penalties and bias go with it
+    /// as [`Sampler::adjustments`].
+    pub fn device_draw(&mut self) -> RowDraw {
         let c = &self.config;
         let mut draw = RowDraw {
             temperature: c.temperature,
@@ -298,7 +295,51 @@ impl Sampler {
         if draw.temperature > 0.0 {
             draw.key = self.rng.random::<u64>();
         }
-        Some(draw)
+        draw
+    }
+
+    /// The changes penalties and bias make to this step's logits, one per id (empty when
+    /// none is in force): what [`Sampler::sample`] applies, as sparse entries.
+    pub fn adjustments(&self) -> Vec<race::Adjust> {
+        if !self.adjusts() {
+            return Vec::new();
+        }
+        let c = &self.config;
+        let mut by_id: HashMap<u32, race::Adjust> = HashMap::new();
+        fn at(by_id: &mut HashMap<u32, race::Adjust>, id: u32) -> &mut race::Adjust {
+            by_id.entry(id).or_insert(race::Adjust {
+                id,
+                sub: 0.0,
+                rep: 1.0,
+                bias: 0.0,
+            })
+        }
+        for (&tok, &n) in &self.counts {
+            let sub = c.presence_penalty + c.frequency_penalty * n as f32;
+            if sub != 0.0 {
+                at(&mut by_id, tok).sub = sub;
+            }
+        }
+        if c.repetition_penalty != 1.0 {
+            for &tok in self.repeated() {
+                at(&mut by_id, tok).rep = c.repetition_penalty;
+            }
+        }
+        for &(tok, b) in &c.logit_bias {
+            at(&mut by_id, tok).bias += b;
+        }
+        let mut out: Vec<race::Adjust> = by_id.into_values().collect();
+        out.sort_unstable_by_key(|a| a.id);
+        out
+    }
+
+    /// The ids the repetition penalty applies to: the prompt's and the output's, each once.
+    fn repeated(&self) -> impl Iterator<Item = &u32> {
+        self.prompt_tokens.iter().chain(
+            self.counts
+                .keys()
+                .filter(|t| !self.prompt_tokens.contains(t)),
+        )
     }
 
     /// The next token from `raw` after penalties, bias and temperature.
@@ -315,8 +356,7 @@ impl Sampler {
                 }
             }
             if c.repetition_penalty != 1.0 {
-                let seen = self.counts.keys().chain(self.prompt_tokens.iter());
-                for &tok in seen {
+                for &tok in self.repeated() {
                     if let Some(x) = l.get_mut(tok as usize) {
                         *x = if *x > 0.0 {
                             *x / c.repetition_penalty

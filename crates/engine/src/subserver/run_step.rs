@@ -6,7 +6,8 @@
 use super::after_step::StepSeen;
 use super::masks::{self, RowMask};
 use super::{shared, StepSample, SubServer};
-use tokenrouter_runtime::{Row, RowDraw, RuntimeError, Sampled, StepOptions, StepOutput};
+use tokenrouter_runtime::sampling::race::{self, DrawRow};
+use tokenrouter_runtime::{Row, RuntimeError, Sampled, StepOptions, StepOutput};
 
 /// What the forward pass and sampling produced for the running batch.
 pub(super) struct Stepped {
@@ -139,7 +140,8 @@ impl SubServer {
                 sampled,
             });
         }
-        // A GPU draws each row it can where the logits are (the same way whatever else is
+        // A GPU draws each row it can where the logits are (penalties and bias as sparse
+        // adjustments) (the same way whatever else is
         // in the batch, so a seeded request's tokens never depend on its neighbours); the
         // host samples the rest.
         let draws = if kernels.sampling.on_device(gpu) {
@@ -150,7 +152,10 @@ impl SubServer {
         let mut drawn = Vec::new();
         if draws.iter().any(Option::is_some) {
             let mask = masks::upload(&allowed, limit, &output.logits)?;
-            let each: Vec<RowDraw> = draws.iter().map(|d| d.unwrap_or(RowDraw::GREEDY)).collect();
+            let each: Vec<DrawRow> = draws
+                .iter()
+                .map(|d| d.clone().unwrap_or_else(DrawRow::greedy))
+                .collect();
             drawn = output.sample_rows(limit, &each, mask.as_ref())?;
         }
         let on_host = !self.needs.no_logits || top_missing || draws.iter().any(Option::is_none);
@@ -174,11 +179,7 @@ impl SubServer {
         let sampled = draws
             .iter()
             .map(|d| match d {
-                Some(_) => drawn.next().map(|(token, logprob)| Sampled {
-                    token,
-                    logprob,
-                    top: Vec::new(),
-                }),
+                Some(_) => drawn.next(),
                 None => host.next().flatten(),
             })
             .collect::<Option<Vec<Sampled>>>()
@@ -193,24 +194,25 @@ impl SubServer {
     }
 
     /// Per running request, its draw on the device this step, or `None` where the host
-    /// samples it: top logprobs wanted, penalties or bias in force, a token mask the device
-    /// does not take, or a failed constraint.
+    /// samples it: more top logprobs than the device reports, a token mask the device does
+    /// not take, or a failed constraint.
     fn device_draws(
         &mut self,
         allowed: &[Option<RowMask>],
         device_masks: bool,
-    ) -> Vec<Option<RowDraw>> {
+    ) -> Vec<Option<DrawRow>> {
         self.running
             .iter_mut()
             .zip(allowed)
             .map(|(r, allowed)| {
-                let host =
-                    r.top_logprobs > 0 || r.fault.is_some() || (allowed.is_some() && !device_masks);
-                if host {
-                    None
-                } else {
-                    r.sampler.device_draw()
-                }
+                let host = r.top_logprobs > race::TOP_MAX
+                    || r.fault.is_some()
+                    || (allowed.is_some() && !device_masks);
+                (!host).then(|| DrawRow {
+                    draw: r.sampler.device_draw(),
+                    adjust: r.sampler.adjustments(),
+                    top: r.top_logprobs,
+                })
             })
             .collect()
     }
@@ -240,7 +242,7 @@ impl SubServer {
         &mut self,
         logits: &[Vec<f32>],
         allowed: &[Option<RowMask>],
-        draws: &[Option<RowDraw>],
+        draws: &[Option<DrawRow>],
     ) -> Vec<Option<Sampled>> {
         let limit = self.sample_limit;
         self.running

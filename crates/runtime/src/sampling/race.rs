@@ -39,6 +39,10 @@ impl RowDraw {
     };
 }
 
+/// Most top alternatives a row draws with (one pass over the row each on a GPU); a
+/// request asking for more is sampled on the host.
+pub const TOP_MAX: usize = 32;
+
 /// Tokens more than 30 nats below the best are left out (as the host sampler does: each
 /// carries under 1e-13 of the best one's probability).
 pub const FLOOR: f32 = -30.0;
@@ -65,16 +69,71 @@ pub fn gumbel(key: u64, id: u32) -> f32 {
     -(-uniform(key, id).ln()).ln()
 }
 
+/// A change penalties or bias make to one id's logit, in the host sampler's order:
+/// `x - sub` (presence and frequency penalties), then divided by `rep` when positive and
+/// multiplied by it otherwise (the repetition penalty; 1 = none), then `+ bias`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adjust {
+    pub id: u32,
+    pub sub: f32,
+    pub rep: f32,
+    pub bias: f32,
+}
+
+impl Adjust {
+    pub fn apply(&self, x: f32) -> f32 {
+        let mut x = x - self.sub;
+        if self.rep != 1.0 {
+            x = if x > 0.0 { x / self.rep } else { x * self.rep };
+        }
+        x + self.bias
+    }
+}
+
+/// Everything one row's draw needs: the draw, its logit adjustments (at most one per id)
+/// and how many top alternatives to report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrawRow {
+    pub draw: RowDraw,
+    pub adjust: Vec<Adjust>,
+    pub top: usize,
+}
+
+impl DrawRow {
+    /// A greedy row with nothing else asked (a row the host samples, drawn but unused).
+    pub fn greedy() -> Self {
+        Self {
+            draw: RowDraw::GREEDY,
+            adjust: Vec::new(),
+            top: 0,
+        }
+    }
+}
+
 /// The token of one row (its first `allowed.len()` or all logits; `allowed` flags the ids
-/// that may be picked, 1 = may) and its log-probability under the raw row. A row holding a
-/// NaN gives `(0, NaN)`: it fails alone, as on the host.
-pub fn pick(row: &[f32], allowed: Option<&[u8]>, draw: &RowDraw) -> (u32, f32) {
+/// that may be picked, 1 = may), chosen over the raw logits after `adjust`, with its
+/// log-probability under the raw row. A row holding a NaN gives `(0, NaN)`: it fails
+/// alone, as on the host.
+pub fn pick(raw: &[f32], adjust: &[Adjust], allowed: Option<&[u8]>, draw: &RowDraw) -> (u32, f32) {
     let ok = |i: usize| allowed.is_none_or(|a| a.get(i).is_some_and(|&f| f != 0));
-    if row.iter().any(|v| v.is_nan()) {
+    if raw.iter().any(|v| v.is_nan()) {
         return (0, f32::NAN);
     }
-    let raw_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = raw_max + row.iter().map(|&v| (v - raw_max).exp()).sum::<f32>().ln();
+    let raw_max = raw.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = raw_max + raw.iter().map(|&v| (v - raw_max).exp()).sum::<f32>().ln();
+    let adjusted;
+    let row = if adjust.is_empty() {
+        raw
+    } else {
+        let mut copy = raw.to_vec();
+        for a in adjust {
+            if let Some(x) = copy.get_mut(a.id as usize) {
+                *x = a.apply(*x);
+            }
+        }
+        adjusted = copy;
+        &adjusted[..]
+    };
     // The best allowed id (the first of equals).
     let mut best: Option<(usize, f32)> = None;
     for (i, &v) in row.iter().enumerate() {
@@ -101,7 +160,23 @@ pub fn pick(row: &[f32], allowed: Option<&[u8]>, draw: &RowDraw) -> (u32, f32) {
         Some((i, _)) => i,
         None => 0,
     };
-    (token as u32, row.get(token).map_or(f32::NAN, |&v| v - lse))
+    (token as u32, raw.get(token).map_or(f32::NAN, |&v| v - lse))
+}
+
+/// [`pick`] with the row's top alternatives (as the host reports them: raw
+/// log-probabilities, best first, ties to the lower id, none at -inf).
+pub fn pick_row(raw: &[f32], row: &DrawRow, allowed: Option<&[u8]>) -> super::Sampled {
+    let (token, logprob) = pick(raw, &row.adjust, allowed, &row.draw);
+    let (logprob, top) = if logprob.is_nan() {
+        (logprob, Vec::new())
+    } else {
+        super::logprob_and_top(raw, super::log_sum_exp(raw), token, row.top)
+    };
+    super::Sampled {
+        token,
+        logprob,
+        top,
+    }
 }
 
 /// The lower bound of the kept set over scaled logits (the best is 0).

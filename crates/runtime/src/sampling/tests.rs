@@ -247,3 +247,40 @@ fn streamed_top_k_equals_sorting_the_row() {
 fn entropy_of_uniform_is_ln_n() {
     assert!((entropy(&[1.0; 8]) - (8f32).ln()).abs() < 1e-5);
 }
+
+#[test]
+fn the_repetition_penalty_applies_once_to_an_id_in_prompt_and_output() {
+    // Once: 4 / 1.5 = 2.67 stays ahead of 2.5; twice (2 / 1.5 / 1.5 = 1.78) it would not.
+    let mut c = cfg();
+    c.repetition_penalty = 1.5;
+    let mut s = Sampler::new(c, 0, &[0]);
+    s.observe(0);
+    assert_eq!(s.sample(&[4.0, 2.5], 2, 0).token, 0);
+}
+
+/// The sparse adjustments a device draw takes change the logits as the host's sampling
+/// does: over random rows and penalty settings, greedy picks agree.
+#[test]
+fn adjustments_are_what_the_host_applies() {
+    use crate::sampling::race::{pick, RowDraw};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for case in 0..200 {
+        let n = 40;
+        let logits: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0..4.0)).collect();
+        let mut c = cfg();
+        c.presence_penalty = [0.0, 0.7][case % 2];
+        c.frequency_penalty = [0.0, 0.4, -0.3][case % 3];
+        c.repetition_penalty = [1.0, 1.3, 0.8][(case / 3) % 3];
+        if case % 5 == 0 {
+            c.logit_bias = vec![(3, 2.5), (7, -1.0), (3, 0.5)];
+        }
+        let prompt: Vec<u32> = (0..6).map(|_| rng.random_range(0..n as u32)).collect();
+        let mut s = Sampler::new(c, 0, &prompt);
+        for _ in 0..8 {
+            s.observe(rng.random_range(0..n as u32));
+        }
+        let host = s.sample(&logits, n, 0).token;
+        let (device, _) = pick(&logits, &s.adjustments(), None, &RowDraw::GREEDY);
+        assert_eq!(device, host, "case {case}");
+    }
+}

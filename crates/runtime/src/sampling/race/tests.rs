@@ -122,7 +122,7 @@ fn greedy_is_the_argmax_among_the_allowed_with_the_raw_logprob() {
     let best = (0..r.len())
         .max_by(|&a, &b| r[a].partial_cmp(&r[b]).unwrap())
         .unwrap();
-    let (tok, lp) = pick(&r, None, &RowDraw::GREEDY);
+    let (tok, lp) = pick(&r, &[], None, &RowDraw::GREEDY);
     assert_eq!(tok as usize, best);
     assert!((lp - (r[best] - lse)).abs() < 1e-5);
     // Masked: the best of the allowed, the logprob still over the whole row.
@@ -132,7 +132,7 @@ fn greedy_is_the_argmax_among_the_allowed_with_the_raw_logprob() {
         .filter(|&i| i != best)
         .max_by(|&a, &b| r[a].partial_cmp(&r[b]).unwrap())
         .unwrap();
-    let (tok, lp) = pick(&r, Some(&allowed), &RowDraw::GREEDY);
+    let (tok, lp) = pick(&r, &[], Some(&allowed), &RowDraw::GREEDY);
     assert_eq!(tok as usize, second);
     assert!((lp - (r[second] - lse)).abs() < 1e-5);
 }
@@ -141,7 +141,7 @@ fn greedy_is_the_argmax_among_the_allowed_with_the_raw_logprob() {
 fn a_row_with_nan_is_not_sampled() {
     let mut r = row(50, 1);
     r[17] = f32::NAN;
-    let (tok, lp) = pick(&r, None, &draw(1.0, 0, 1.0, 0.0));
+    let (tok, lp) = pick(&r, &[], None, &draw(1.0, 0, 1.0, 0.0));
     assert_eq!(tok, 0);
     assert!(lp.is_nan());
 }
@@ -158,7 +158,7 @@ fn draws_follow_the_tempered_softmax_of_the_kept_set() {
     let mut counts = [0usize; 6];
     for key in 0..n {
         d.key = key as u64 * 0x1234_5678_9ABC + 99;
-        counts[pick(&r, None, &d).0 as usize] += 1;
+        counts[pick(&r, &[], None, &d).0 as usize] += 1;
     }
     for (i, &c) in counts.iter().enumerate() {
         let want = if i < n_kept {
@@ -182,13 +182,75 @@ fn a_row_is_drawn_from_its_key_alone_and_never_outside_the_mask() {
     }
     let d = draw(1.0, 0, 0.95, 0.0);
     let first: Vec<u32> = (0..200)
-        .map(|k| pick(&r, Some(&allowed), &RowDraw { key: k, ..d }).0)
+        .map(|k| pick(&r, &[], Some(&allowed), &RowDraw { key: k, ..d }).0)
         .collect();
     let again: Vec<u32> = (0..200)
-        .map(|k| pick(&r, Some(&allowed), &RowDraw { key: k, ..d }).0)
+        .map(|k| pick(&r, &[], Some(&allowed), &RowDraw { key: k, ..d }).0)
         .collect();
     assert_eq!(first, again);
     assert!(first.iter().all(|&t| t % 3 == 0));
     let distinct: std::collections::HashSet<_> = first.iter().collect();
     assert!(distinct.len() > 10, "{} distinct picks", distinct.len());
+}
+
+#[test]
+fn adjustments_change_the_choice_not_the_logprob() {
+    let r = vec![3.0f32, 2.9, -1.0, 0.5];
+    let lse = {
+        let m = 3.0f32;
+        m + r.iter().map(|&v| (v - m).exp()).sum::<f32>().ln()
+    };
+    // A repetition penalty on id 0 (positive: divided), a bias lifting id 2 past both.
+    let adjust = [
+        Adjust {
+            id: 0,
+            sub: 0.0,
+            rep: 2.0,
+            bias: 0.0,
+        },
+        Adjust {
+            id: 2,
+            sub: 0.5,
+            rep: 1.0,
+            bias: 5.0,
+        },
+    ];
+    assert_eq!(adjust[0].apply(3.0), 1.5);
+    assert_eq!(adjust[1].apply(-1.0), 3.5);
+    let (tok, lp) = pick(&r, &adjust, None, &RowDraw::GREEDY);
+    assert_eq!(tok, 2);
+    assert!((lp - (r[2] - lse)).abs() < 1e-6);
+    let (tok, _) = pick(&r, &adjust[..1], None, &RowDraw::GREEDY);
+    assert_eq!(tok, 1);
+    // Negative logits are multiplied.
+    let neg = Adjust {
+        id: 0,
+        sub: 0.0,
+        rep: 2.0,
+        bias: 0.0,
+    };
+    assert_eq!(neg.apply(-1.5), -3.0);
+}
+
+#[test]
+fn a_row_reports_the_hosts_top_alternatives() {
+    let r = row(1000, 9);
+    let mut allowed = vec![0u8; r.len()];
+    allowed[17] = 1;
+    let want = {
+        let lse = crate::sampling::log_sum_exp(&r);
+        crate::sampling::logprob_and_top(&r, lse, 17, 5)
+    };
+    let got = pick_row(
+        &r,
+        &DrawRow {
+            draw: RowDraw::GREEDY,
+            adjust: vec![],
+            top: 5,
+        },
+        Some(&allowed),
+    );
+    assert_eq!(got.token, 17);
+    assert_eq!(got.top, want.1);
+    assert!((got.logprob - want.0).abs() < 1e-5);
 }
