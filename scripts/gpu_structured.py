@@ -14,7 +14,7 @@ and the load is sampled (`--temperature`, `--top-p`, a seed per request).
 
 Usage: python3 scripts/gpu_structured.py --bin BIN [--concurrency 1 16 64] [--out DIR]
            [--switch masks|sampling] [--temperature 0] [--top-p 1] [--constraints free ...]
-           [--modes device host]
+           [--modes device host] [--extra-body JSON]
 """
 import argparse, json, os, re, subprocess, sys, urllib.request
 
@@ -97,6 +97,8 @@ def main():
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--constraints", nargs="+", choices=list(CONSTRAINTS), default=list(CONSTRAINTS))
     ap.add_argument("--modes", nargs="+", choices=["device", "host"], default=["device", "host"])
+    ap.add_argument("--extra-body", type=json.loads, default={},
+                    help="JSON fields added to every benchmark request (e.g. penalties)")
     args = ap.parse_args()
     var, modes = SWITCHES[args.switch]
     modes = {m: v for m, v in modes.items() if m in args.modes}
@@ -129,7 +131,8 @@ def main():
                            "--concurrency", str(c), "--num-prompts", str(max(2 * c, 4)),
                            "--max-tokens", str(args.max_tokens), "--ignore-eos", *sampling,
                            "--dataset", "code", "--out-dir", dc, "--no-progress", "--quiet"]
-                    body = dict(extra or {}, **({"top_p": args.top_p} if args.top_p < 1 else {}))
+                    body = dict(extra or {}, **args.extra_body,
+                                **({"top_p": args.top_p} if args.top_p < 1 else {}))
                     if body:
                         cmd += ["--extra-body", json.dumps(body)]
                     before, masks_before = step_stats(args.port)["quick"], mask_stats(args.port)
