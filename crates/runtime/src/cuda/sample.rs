@@ -211,6 +211,7 @@ pub fn check_sample_rows(device: &Device) -> Result<Vec<SampleCheck>> {
     use crate::sampling::{Sampler, SamplingParams};
     use rand::{Rng, SeedableRng};
     let (vocab, limit) = (151_936usize, 151_665usize);
+    let draw = RowDraw::sampled;
     let kinds: [Kind; 10] = [
         ("greedy", RowDraw::GREEDY, false, false, 0),
         ("T=1", draw(1.0, 0, 1.0, 0.0), false, false, 0),
@@ -344,14 +345,4 @@ pub fn check_sample_rows(device: &Device) -> Result<Vec<SampleCheck>> {
         }
     }
     Ok(out)
-}
-
-fn draw(temperature: f32, top_k: u32, top_p: f32, min_p: f32) -> RowDraw {
-    RowDraw {
-        temperature,
-        top_k,
-        top_p,
-        min_p,
-        key: 0,
-    }
 }

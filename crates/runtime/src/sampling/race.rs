@@ -29,6 +29,17 @@ pub struct RowDraw {
 }
 
 impl RowDraw {
+    /// A sampled draw with key 0 (set the key per step).
+    pub fn sampled(temperature: f32, top_k: u32, top_p: f32, min_p: f32) -> Self {
+        Self {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            key: 0,
+        }
+    }
+
     /// Greedy: the argmax among the allowed ids.
     pub const GREEDY: RowDraw = RowDraw {
         temperature: 0.0,

@@ -54,11 +54,8 @@ fn host_kept(scaled: &[f32], draw: &RowDraw) -> usize {
 
 fn draw(temperature: f32, top_k: u32, top_p: f32, min_p: f32) -> RowDraw {
     RowDraw {
-        temperature,
-        top_k,
-        top_p,
-        min_p,
         key: 7,
+        ..RowDraw::sampled(temperature, top_k, top_p, min_p)
     }
 }
 
