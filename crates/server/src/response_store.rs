@@ -6,20 +6,64 @@
 //! conversations sets 0, and `store` is then answered `false`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-/// A finished response and the whole input it answered (inherited items first).
-#[derive(Clone, Debug)]
+/// A finished response: its object, the input items its request sent, and the response
+/// it continued. A response keeps the one before it alive even after the store drops it,
+/// so a conversation never breaks and each item is held once however long the chain.
+#[derive(Debug)]
 pub struct Stored {
     pub response: Value,
-    pub input: Vec<Value>,
+    pub own_input: Vec<Value>,
+    pub previous: Option<Arc<Stored>>,
+}
+
+impl Stored {
+    /// The whole conversation this response answered: each earlier response's input items
+    /// and output, oldest first, then this request's items.
+    pub fn input(&self) -> Vec<Value> {
+        let mut chain = vec![self];
+        while let Some(previous) = chain.last().and_then(|s| s.previous.as_deref()) {
+            chain.push(previous);
+        }
+        let mut items = Vec::new();
+        for (i, stored) in chain.iter().rev().enumerate() {
+            items.extend(stored.own_input.iter().cloned());
+            if i + 1 < chain.len() {
+                items.extend(stored.output().iter().cloned());
+            }
+        }
+        items
+    }
+
+    /// The response's output items.
+    pub fn output(&self) -> &[Value] {
+        self.response
+            .get("output")
+            .and_then(Value::as_array)
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
+impl Drop for Stored {
+    /// Unlinks a chain held nowhere else one response at a time (a long conversation would
+    /// otherwise be dropped by recursion as deep as it is long).
+    fn drop(&mut self) {
+        let mut next = self.previous.take();
+        while let Some(previous) = next {
+            next = match Arc::try_unwrap(previous) {
+                Ok(mut alone) => alone.previous.take(),
+                Err(_) => None,
+            };
+        }
+    }
 }
 
 #[derive(Default)]
 struct Inner {
-    by_id: HashMap<String, Stored>,
+    by_id: HashMap<String, Arc<Stored>>,
     /// Ids, oldest first (an id deleted early leaves here when it would be evicted).
     order: VecDeque<String>,
 }
@@ -44,7 +88,7 @@ impl ResponseStore {
     }
 
     /// Keeps `stored` under `id`, dropping the oldest past the capacity.
-    pub fn insert(&self, id: String, stored: Stored) {
+    pub fn insert(&self, id: String, stored: Arc<Stored>) {
         if !self.enabled() {
             return;
         }
@@ -67,7 +111,7 @@ impl ResponseStore {
         }
     }
 
-    pub fn get(&self, id: &str) -> Option<Stored> {
+    pub fn get(&self, id: &str) -> Option<Arc<Stored>> {
         self.inner.lock().ok()?.by_id.get(id).cloned()
     }
 
@@ -84,11 +128,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn stored(n: u32) -> Stored {
-        Stored {
+    fn stored(n: u32) -> Arc<Stored> {
+        Arc::new(Stored {
             response: json!({"n": n}),
-            input: vec![],
-        }
+            own_input: vec![],
+            previous: None,
+        })
     }
 
     #[test]
@@ -112,6 +157,37 @@ mod tests {
             assert!(s.remove(&i.to_string()));
         }
         assert!(s.inner.lock().unwrap().order.len() <= 7);
+    }
+
+    #[test]
+    fn a_chain_outlives_the_store_and_reads_oldest_first() {
+        let s = ResponseStore::new(1);
+        let link = |own: &str, out: &str, previous| {
+            Arc::new(Stored {
+                response: json!({"output": [out]}),
+                own_input: vec![json!(own)],
+                previous,
+            })
+        };
+        let first = link("a", "A", None);
+        s.insert("1".into(), first.clone());
+        let second = link("b", "B", Some(first));
+        s.insert("2".into(), second.clone());
+        assert!(s.get("1").is_none(), "dropped from the store");
+        let third = link("c", "C", Some(second));
+        assert_eq!(
+            third.input(),
+            [json!("a"), json!("A"), json!("b"), json!("B"), json!("c")]
+        );
+        // A long chain goes without deep recursion.
+        let mut last = link("0", "0", None);
+        for i in 0..200_000 {
+            last = link("x", "y", Some(last));
+            if i == 3 {
+                assert_eq!(last.input().len(), 9);
+            }
+        }
+        drop(last);
     }
 
     #[test]

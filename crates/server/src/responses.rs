@@ -73,8 +73,9 @@ pub struct Answer {
     items: Items,
     /// Events are numbered from 0.
     sequence: u64,
-    /// Where the finished response goes, with the input it answered (`store`).
-    store: Option<(Arc<ResponseStore>, Vec<Value>)>,
+    /// Where the finished response goes, with its request's input items and the stored
+    /// response it continues (`store`).
+    store: Option<(Arc<ResponseStore>, Vec<Value>, Option<Arc<Stored>>)>,
 }
 
 impl Answer {
@@ -100,21 +101,28 @@ impl Answer {
         }
     }
 
-    /// The finished response is kept in `store` with `input`.
-    pub fn stored_in(mut self, store: Arc<ResponseStore>, input: Vec<Value>) -> Self {
-        self.store = Some((store, input));
+    /// The finished response is kept in `store` with its request's `own_input`, after
+    /// `previous`.
+    pub fn stored_in(
+        mut self,
+        store: Arc<ResponseStore>,
+        own_input: Vec<Value>,
+        previous: Option<Arc<Stored>>,
+    ) -> Self {
+        self.store = Some((store, own_input, previous));
         self
     }
 
     /// The finished response object, stored when asked.
     fn finished(&mut self, incomplete: bool) -> Value {
         let object = self.object(Some(incomplete));
-        if let Some((store, input)) = self.store.take() {
+        if let Some((store, own_input, previous)) = self.store.take() {
             let stored = Stored {
                 response: object.clone(),
-                input,
+                own_input,
+                previous,
             };
-            store.insert(self.id.clone(), stored);
+            store.insert(self.id.clone(), Arc::new(stored));
         }
         object
     }

@@ -11,6 +11,7 @@
 use std::time::Instant;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::response::Response;
@@ -20,6 +21,7 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::respond;
+use crate::response_store::Stored;
 use crate::responses::{self, Echoed};
 use crate::routes::chat;
 use crate::state::AppState;
@@ -67,9 +69,13 @@ pub async fn responses(
         ));
     }
     let store = state.responses.enabled() && fields.get("store") != Some(&Value::Bool(false));
-    let input = whole_input(&state, &fields)?;
-    if let Some(items) = &input {
-        fields.insert("input".into(), Value::Array(items.clone()));
+    let (own, previous) = continued(&state, &fields)?;
+    if let (Some(own), Some(previous)) = (&own, &previous) {
+        // The earlier conversation, then this request's items.
+        let mut items = previous.input();
+        items.extend(previous.output().iter().cloned());
+        items.extend(own.iter().cloned());
+        fields.insert("input".into(), Value::Array(items));
     }
     let chat_body = chat_request(&fields)?;
     let (mut plan, ids) = chat::prepare(&state, &chat_body)
@@ -78,8 +84,8 @@ pub async fn responses(
     let echoed = Echoed::of(&fields, &plan).with("store", json!(store));
     let generation = respond::start(&state, &mut plan, &[ids], arrival)?;
     let mut answer = responses::Answer::new(&state, &plan, echoed, generation);
-    if let (true, Some(items)) = (store, input) {
-        answer = answer.stored_in(state.responses.clone(), with_ids(items));
+    if let (true, Some(own)) = (store, own) {
+        answer = answer.stored_in(state.responses.clone(), with_ids(own), previous);
     }
     if plan.stream {
         Ok(answer.stream())
@@ -88,30 +94,31 @@ pub async fn responses(
     }
 }
 
-/// The conversation this request answers as input items: a `previous_response_id`'s input
-/// and output, then this request's `input` (a string is one user message). `None` when
-/// `input` is neither a string nor a list (`chat_request` says why).
-fn whole_input(
-    state: &AppState,
-    fields: &Map<String, Value>,
-) -> Result<Option<Vec<Value>>, ApiError> {
+/// This request's own input items (a string is one user message) and the stored response
+/// a `previous_response_id` names. `None` items when `input` is neither a string nor a list
+/// (`chat_request` says why).
+type Continued = (Option<Vec<Value>>, Option<Arc<Stored>>);
+
+fn continued(state: &AppState, fields: &Map<String, Value>) -> Result<Continued, ApiError> {
     let own = match fields.get("input") {
-        Some(Value::String(text)) => {
-            vec![json!({"type": "message", "role": "user", "content": text})]
-        }
-        Some(Value::Array(items)) => items.clone(),
-        _ => return Ok(None),
+        Some(Value::String(text)) => Some(vec![
+            json!({"type": "message", "role": "user", "content": text}),
+        ]),
+        Some(Value::Array(items)) => Some(items.clone()),
+        _ => None,
     };
     let previous = match fields.get("previous_response_id") {
-        None | Some(Value::Null) => return Ok(Some(own)),
+        None | Some(Value::Null) => None,
         Some(Value::String(id)) => {
-            state
-                .responses
-                .get(id)
-                .ok_or_else(|| ApiError::ResponseNotFound {
-                    id: crate::error::truncate_for_echo(id),
-                    param: Some("previous_response_id".into()),
-                })?
+            Some(
+                state
+                    .responses
+                    .get(id)
+                    .ok_or_else(|| ApiError::ResponseNotFound {
+                        id: crate::error::truncate_for_echo(id),
+                        param: Some("previous_response_id".into()),
+                    })?,
+            )
         }
         Some(_) => {
             return Err(ApiError::invalid(
@@ -120,12 +127,7 @@ fn whole_input(
             ))
         }
     };
-    let mut items = previous.input;
-    if let Some(output) = previous.response.get("output").and_then(Value::as_array) {
-        items.extend(output.iter().cloned());
-    }
-    items.extend(own);
-    Ok(Some(items))
+    Ok((own, previous))
 }
 
 /// Input items as stored: each with an `id` (kept when given), as
@@ -154,7 +156,7 @@ pub async fn retrieve(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(stored(&state, &id)?.response))
+    Ok(Json(stored(&state, &id)?.response.clone()))
 }
 
 /// `DELETE /v1/responses/{id}`.
@@ -177,7 +179,7 @@ pub async fn input_items(
     Path(id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    let mut items = stored(&state, &id)?.input;
+    let mut items = stored(&state, &id)?.input();
     match query.get("order").map(String::as_str) {
         None | Some("desc") => items.reverse(),
         Some("asc") => {}
@@ -215,7 +217,7 @@ pub async fn input_items(
     ))
 }
 
-fn stored(state: &AppState, id: &str) -> Result<crate::response_store::Stored, ApiError> {
+fn stored(state: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
     state.responses.get(id).ok_or_else(|| not_found(id))
 }
 
