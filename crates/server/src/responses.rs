@@ -73,9 +73,16 @@ pub struct Answer {
     items: Items,
     /// Events are numbered from 0.
     sequence: u64,
-    /// Where the finished response goes, with its request's input items and the stored
-    /// response it continues (`store`).
-    store: Option<(Arc<ResponseStore>, Vec<Value>, Option<Arc<Stored>>)>,
+    /// Where the finished response goes (`store`).
+    store: Option<StoreTo>,
+}
+
+/// The store a finished response goes to, with its request's input items and the stored
+/// response it continues.
+struct StoreTo {
+    store: Arc<ResponseStore>,
+    own_input: Vec<Value>,
+    previous: Option<Arc<Stored>>,
 }
 
 impl Answer {
@@ -109,14 +116,23 @@ impl Answer {
         own_input: Vec<Value>,
         previous: Option<Arc<Stored>>,
     ) -> Self {
-        self.store = Some((store, own_input, previous));
+        self.store = Some(StoreTo {
+            store,
+            own_input,
+            previous,
+        });
         self
     }
 
     /// The finished response object, stored when asked.
     fn finished(&mut self, incomplete: bool) -> Value {
         let object = self.object(Some(incomplete));
-        if let Some((store, own_input, previous)) = self.store.take() {
+        if let Some(StoreTo {
+            store,
+            own_input,
+            previous,
+        }) = self.store.take()
+        {
             let stored = Stored {
                 response: object.clone(),
                 own_input,
