@@ -39,21 +39,7 @@ fn sampled(salt: u32, pinned: usize) -> GenerateRequest {
 
 /// (ids, logprobs) of a request.
 async fn tokens(e: &Engine, req: GenerateRequest) -> (Vec<u32>, Vec<f32>) {
-    let mut s = e.submit(req).unwrap();
-    let (mut ids, mut lps) = (Vec::new(), Vec::new());
-    while let Some(ev) = s.events.recv().await {
-        match ev {
-            GenerateEvent::Token(t) => {
-                ids.push(t.id);
-                lps.push(t.logprob);
-            }
-            GenerateEvent::Finished { .. } => break,
-            GenerateEvent::PromptCached(_) => {}
-            GenerateEvent::Error(m) => panic!("request failed: {m}"),
-            GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
-        }
-    }
-    (ids, lps)
+    with_top(e, req).await.into_iter().map(|(id, lp, _)| (id, lp)).unzip()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
