@@ -39,7 +39,11 @@ fn sampled(salt: u32, pinned: usize) -> GenerateRequest {
 
 /// (ids, logprobs) of a request.
 async fn tokens(e: &Engine, req: GenerateRequest) -> (Vec<u32>, Vec<f32>) {
-    with_top(e, req).await.into_iter().map(|(id, lp, _)| (id, lp)).unzip()
+    with_top(e, req)
+        .await
+        .into_iter()
+        .map(|(id, lp, _)| (id, lp))
+        .unzip()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
