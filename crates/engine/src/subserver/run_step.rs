@@ -140,10 +140,9 @@ impl SubServer {
                 sampled,
             });
         }
-        // A GPU draws each row it can where the logits are (penalties and bias as sparse
-        // adjustments) (the same way whatever else is
-        // in the batch, so a seeded request's tokens never depend on its neighbours); the
-        // host samples the rest.
+        // A GPU draws each row it can where the logits are, penalties and bias as sparse
+        // adjustments, each row the same way whatever else is in the batch (a seeded
+        // request's tokens never depend on its neighbours); the host samples the rest.
         let draws = if kernels.sampling.on_device(gpu) {
             self.device_draws(&allowed, kernels.device_masks)
         } else {
@@ -180,7 +179,7 @@ impl SubServer {
             .iter()
             .map(|d| match d {
                 Some(_) => drawn.next(),
-                None => host.next().flatten(),
+                None => host.next(),
             })
             .collect::<Option<Vec<Sampled>>>()
             .ok_or_else(|| RuntimeError::InvalidStep("a row was left unsampled".into()))?;
@@ -235,15 +234,16 @@ impl SubServer {
             .collect()
     }
 
-    /// Each request's own sampler over its row (a copy masked by its constraint, if it has
-    /// one: the policy sees the model's own distribution). A row with NaN logits, or whose
-    /// constraint failed, is not sampled (it fails alone, after the step).
+    /// Each request without a device draw: its own sampler over its row (a copy masked by
+    /// its constraint, if it has one: the policy sees the model's own distribution), in
+    /// order. A row with NaN logits, or whose constraint failed, is not sampled (it fails
+    /// alone, after the step).
     fn sample_on_host(
         &mut self,
         logits: &[Vec<f32>],
         allowed: &[Option<RowMask>],
         draws: &[Option<DrawRow>],
-    ) -> Vec<Option<Sampled>> {
+    ) -> Vec<Sampled> {
         let limit = self.sample_limit;
         self.running
             .iter_mut()
@@ -258,9 +258,9 @@ impl SubServer {
                     top: Vec::new(),
                 };
                 if l[..limit.min(l.len())].iter().any(|x| x.is_nan()) || r.fault.is_some() {
-                    return Some(unsampled);
+                    return unsampled;
                 }
-                Some(match allowed {
+                match allowed {
                     None => r.sampler.sample(l, limit, r.top_logprobs),
                     Some(allowed) => {
                         let mut masked = l.clone();
@@ -268,7 +268,7 @@ impl SubServer {
                         r.sampler
                             .sample_constrained(l, &masked, limit, r.top_logprobs)
                     }
-                })
+                }
             })
             .collect()
     }
