@@ -344,38 +344,21 @@ impl Sampler {
 
     /// The next token from `raw` after penalties, bias and temperature.
     fn choose(&mut self, raw: &[f32]) -> u32 {
-        let adjusted = self.adjusts();
-        let c = &self.config;
-        if !adjusted && c.temperature <= 0.0 {
-            argmax(raw).0
+        // The same sparse entries a device draw applies, so both paths penalise alike.
+        let adjust = self.adjustments();
+        if adjust.is_empty() && self.config.temperature <= 0.0 {
+            return argmax(raw).0;
+        }
+        let mut l = raw.to_vec();
+        for a in &adjust {
+            if let Some(x) = l.get_mut(a.id as usize) {
+                *x = a.apply(*x);
+            }
+        }
+        if self.config.temperature <= 0.0 {
+            argmax(&l).0
         } else {
-            let mut l = raw.to_vec();
-            for (&tok, &n) in &self.counts {
-                if let Some(x) = l.get_mut(tok as usize) {
-                    *x -= c.presence_penalty + c.frequency_penalty * n as f32;
-                }
-            }
-            if c.repetition_penalty != 1.0 {
-                for &tok in self.repeated() {
-                    if let Some(x) = l.get_mut(tok as usize) {
-                        *x = if *x > 0.0 {
-                            *x / c.repetition_penalty
-                        } else {
-                            *x * c.repetition_penalty
-                        };
-                    }
-                }
-            }
-            for &(tok, b) in &c.logit_bias {
-                if let Some(x) = l.get_mut(tok as usize) {
-                    *x += b;
-                }
-            }
-            if c.temperature <= 0.0 {
-                argmax(&l).0
-            } else {
-                self.sample_stochastic(&l)
-            }
+            self.sample_stochastic(&l)
         }
     }
 

@@ -130,8 +130,7 @@ pub fn pick(raw: &[f32], adjust: &[Adjust], allowed: Option<&[u8]>, draw: &RowDr
     if raw.iter().any(|v| v.is_nan()) {
         return (0, f32::NAN);
     }
-    let raw_max = raw.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = raw_max + raw.iter().map(|&v| (v - raw_max).exp()).sum::<f32>().ln();
+    let lse = super::log_sum_exp(raw);
     let adjusted;
     let row = if adjust.is_empty() {
         raw
