@@ -209,7 +209,7 @@ impl SubServer {
                     || (allowed.is_some() && !device_masks);
                 (!host).then(|| DrawRow {
                     draw: r.sampler.device_draw(),
-                    adjust: r.sampler.adjustments(),
+                    adjust: r.sampler.adjustments().to_vec(),
                     top: r.top_logprobs,
                 })
             })

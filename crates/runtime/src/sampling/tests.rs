@@ -258,29 +258,84 @@ fn the_repetition_penalty_applies_once_to_an_id_in_prompt_and_output() {
     assert_eq!(s.sample(&[4.0, 2.5], 2, 0).token, 0);
 }
 
-/// The sparse adjustments a device draw takes change the logits as the host's sampling
-/// does: over random rows and penalty settings, greedy picks agree.
+/// The sparse adjustments (kept up to date as tokens are observed, taken by the host's
+/// sampling and by device draws alike) change each logit as the penalty rules say, written
+/// out here on their own: presence and frequency from the output's counts, the repetition
+/// penalty once over the prompt and the output, the bias summed per id. A sampler restored
+/// from counts carries the same entries.
 #[test]
-fn adjustments_are_what_the_host_applies() {
-    use crate::sampling::race::{pick, RowDraw};
+fn adjustments_follow_the_penalty_rules() {
+    use std::collections::{HashMap, HashSet};
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    for case in 0..200 {
-        let n = 40;
-        let logits: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0..4.0)).collect();
+    for case in 0..300 {
+        let n = 40u32;
         let mut c = cfg();
-        c.presence_penalty = [0.0, 0.7][case % 2];
-        c.frequency_penalty = [0.0, 0.4, -0.3][case % 3];
-        c.repetition_penalty = [1.0, 1.3, 0.8][(case / 3) % 3];
+        // (-0.4, 0.2): a token's change goes back to none at its second use.
+        let (presence, frequency) = [(0.0, 0.0), (0.7, 0.4), (0.0, -0.3), (-0.4, 0.2)][case % 4];
+        (c.presence_penalty, c.frequency_penalty) = (presence, frequency);
+        c.repetition_penalty = [1.0, 1.3, 0.8][(case / 4) % 3];
         if case % 5 == 0 {
             c.logit_bias = vec![(3, 2.5), (7, -1.0), (3, 0.5)];
         }
-        let prompt: Vec<u32> = (0..6).map(|_| rng.random_range(0..n as u32)).collect();
-        let mut s = Sampler::new(c, 0, &prompt);
-        for _ in 0..8 {
-            s.observe(rng.random_range(0..n as u32));
+        let prompt: Vec<u32> = (0..6).map(|_| rng.random_range(0..n)).collect();
+        let mut s = Sampler::new(c.clone(), 0, &prompt);
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for _ in 0..rng.random_range(0..12) {
+            let t = rng.random_range(0..n);
+            s.observe(t);
+            *counts.entry(t).or_default() += 1;
         }
-        let host = s.sample(&logits, n, 0).token;
-        let (device, _) = pick(&logits, &s.adjustments(), None, &RowDraw::GREEDY);
-        assert_eq!(device, host, "case {case}");
+        let expected = |id: u32, x: f32| {
+            let mut x = x;
+            if let Some(&k) = counts.get(&id) {
+                x -= presence + frequency * k as f32;
+            }
+            let seen = prompt.contains(&id) || counts.contains_key(&id);
+            if seen && c.repetition_penalty != 1.0 {
+                x = if x > 0.0 {
+                    x / c.repetition_penalty
+                } else {
+                    x * c.repetition_penalty
+                };
+            }
+            x + c
+                .logit_bias
+                .iter()
+                .filter(|(t, _)| *t == id)
+                .map(|(_, b)| b)
+                .sum::<f32>()
+        };
+        let entries = s.adjustments();
+        let ids: HashSet<u32> = entries.iter().map(|a| a.id).collect();
+        assert_eq!(ids.len(), entries.len(), "case {case}: one entry per id");
+        for id in 0..n {
+            let x = rng.random_range(-4.0f32..4.0);
+            let got = entries
+                .iter()
+                .find(|a| a.id == id)
+                .map_or(x, |a| a.apply(x));
+            assert!(
+                (got - expected(id, x)).abs() < 1e-5,
+                "case {case} id {id}: {got} vs {}",
+                expected(id, x)
+            );
+        }
+        let restored = Sampler::restore(c, 0, &prompt, 0, &s.counts());
+        let key = |a: &crate::sampling::race::Adjust| {
+            (a.id, a.sub.to_bits(), a.rep.to_bits(), a.bias.to_bits())
+        };
+        // Entries that change nothing (a count back to no change) may differ.
+        let changes =
+            |a: &&crate::sampling::race::Adjust| a.sub != 0.0 || a.rep != 1.0 || a.bias != 0.0;
+        let mut a: Vec<_> = entries.iter().filter(changes).map(key).collect();
+        let mut b: Vec<_> = restored
+            .adjustments()
+            .iter()
+            .filter(changes)
+            .map(key)
+            .collect();
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b, "case {case}: restored entries");
     }
 }
