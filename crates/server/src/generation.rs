@@ -155,6 +155,13 @@ impl Generation {
         Usage::new(self.prompt_tokens, completion_tokens).with_cached(cached)
     }
 
+    /// Drops every choice still running, which aborts them in the engine (a background
+    /// response cancelled); `next` then answers `None`.
+    pub fn abort(&mut self) {
+        self.choices = SelectAll::new();
+        self.tracker.abort("cancelled");
+    }
+
     /// Next update of any choice; `None` once all have finished.
     pub async fn next(&mut self) -> Option<ChoiceUpdate> {
         let update = self.choices.next().await;

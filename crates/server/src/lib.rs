@@ -12,6 +12,7 @@
 
 mod aborts;
 mod auth;
+mod background;
 pub mod batch;
 mod choice;
 mod config;
@@ -79,6 +80,7 @@ fn build(
     let state = AppState {
         backend,
         responses: Arc::new(response_store::ResponseStore::new(cfg.max_stored_responses)),
+        jobs: Arc::new(background::Jobs::new(cfg.max_stored_responses)),
         config: Arc::new(cfg),
         metrics: Arc::new(metrics::Metrics::new().map_err(ServerError::Metrics)?),
         lifecycle: lifecycle.clone(),

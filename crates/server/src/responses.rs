@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, StreamExt};
+use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Map, Value};
 use tokenrouter_api::Backend;
 
@@ -46,6 +46,7 @@ impl Echoed {
             given("tools", json!([])),
             given("user", Value::Null),
             given("previous_response_id", Value::Null),
+            given("background", json!(false)),
             ("store".into(), json!(false)),
             ("truncation".into(), json!("disabled")),
             ("temperature".into(), json!(plan.sampling.temperature)),
@@ -75,6 +76,9 @@ pub struct Answer {
     sequence: u64,
     /// Where the finished response goes (`store`).
     store: Option<StoreTo>,
+    /// Runs in the background (`background: true`): starts `queued`, and a failure is
+    /// kept as a `failed` response.
+    background: bool,
 }
 
 /// The store a finished response goes to, with its request's input items and the stored
@@ -105,6 +109,7 @@ impl Answer {
             items: Items::new(plan, state.backend.clone()),
             sequence: 0,
             store: None,
+            background: false,
         }
     }
 
@@ -124,9 +129,10 @@ impl Answer {
         self
     }
 
-    /// The finished response object, stored when asked.
-    fn finished(&mut self, incomplete: bool) -> Value {
-        let object = self.object(Some(incomplete));
+    /// The ended response object (`end`: completed, incomplete, failed or cancelled),
+    /// stored when asked.
+    fn finished(&mut self, end: Status) -> Value {
+        let object = self.object(end);
         if let Some(StoreTo {
             store,
             own_input,
@@ -141,6 +147,27 @@ impl Answer {
             store.insert(self.id.clone(), Arc::new(stored));
         }
         object
+    }
+
+    /// Stops the answer where it is (a background response's `cancel`): the generation is
+    /// dropped, which aborts it in the engine, and the response ends `cancelled` with the
+    /// output written so far.
+    pub fn cancel(&mut self) -> Value {
+        self.generation.abort();
+        let mut events = Vec::new();
+        self.items.close("incomplete", &mut events);
+        self.finished(Status::Cancelled)
+    }
+
+    /// The answer runs in the background.
+    pub fn in_background(mut self) -> Self {
+        self.background = true;
+        self
+    }
+
+    /// The response's id.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     /// Waits for the whole answer.
@@ -163,7 +190,11 @@ impl Answer {
                 }
             }
         }
-        Ok(Json(self.finished(incomplete)).into_response())
+        let end = match incomplete {
+            true => Status::Incomplete,
+            false => Status::Completed,
+        };
+        Ok(Json(self.finished(end)).into_response())
     }
 
     /// The answer as its stream of events.
@@ -175,19 +206,28 @@ impl Answer {
             let (events, done) = answer.next_events().await;
             Some((stream::iter(events), (answer, done)))
         })
-        .flatten()
-        .map(Ok::<_, Infallible>);
-        Sse::new(events)
-            .keep_alive(KeepAlive::default())
-            .into_response()
+        .flatten();
+        sse(events)
     }
 
-    /// The events of the next update; `true` once the stream is over.
-    async fn next_events(&mut self) -> (Vec<Event>, bool) {
+    /// The response as it stands before its first event: `queued` in the background,
+    /// else `in_progress`.
+    pub fn started(&self) -> Value {
+        self.object(match self.background {
+            true => Status::Queued,
+            false => Status::InProgress,
+        })
+    }
+
+    /// The events of the next update, numbered; `true` once the answer is over.
+    pub async fn next_events(&mut self) -> (Vec<Value>, bool) {
         let mut out = Vec::new();
         if self.sequence == 0 {
-            let object = self.object(None);
-            out.push(json!({"type": "response.created", "response": object}));
+            out.push(json!({"type": "response.created", "response": self.started()}));
+            if self.background {
+                out.push(json!({"type": "response.queued", "response": self.started()}));
+            }
+            let object = self.object(Status::InProgress);
             out.push(json!({"type": "response.in_progress", "response": object}));
         }
         let done = match self.generation.next().await {
@@ -196,6 +236,12 @@ impl Answer {
                 let error = &body["error"];
                 out.push(json!({"type": "error", "message": error["message"],
                     "code": error["code"], "param": error["param"]}));
+                if self.background {
+                    // Kept for those who poll: the response failed, and why.
+                    let error = json!({"code": error["code"], "message": error["message"]});
+                    let object = self.finished(Status::Failed(error));
+                    out.push(json!({"type": "response.failed", "response": object}));
+                }
                 true
             }
             Some(ChoiceUpdate::Prompt { .. }) => false,
@@ -208,36 +254,31 @@ impl Answer {
                 self.provenance.add(0, &delta.tokens);
                 let incomplete = reason == "length";
                 out.extend(self.items.push(&delta, true, incomplete));
-                let kind = match incomplete {
-                    true => "response.incomplete",
-                    false => "response.completed",
+                let (kind, end) = match incomplete {
+                    true => ("response.incomplete", Status::Incomplete),
+                    false => ("response.completed", Status::Completed),
                 };
-                out.push(json!({"type": kind, "response": self.finished(incomplete)}));
+                out.push(json!({"type": kind, "response": self.finished(end)}));
                 true
             }
             None => true,
         };
-        let events = out
-            .into_iter()
-            .map(|mut event| {
-                event["sequence_number"] = json!(self.sequence);
-                self.sequence += 1;
-                let kind = event["type"].as_str().unwrap_or("message").to_string();
-                Event::default().event(kind).data(event.to_string())
-            })
-            .collect();
-        (events, done)
+        for event in &mut out {
+            event["sequence_number"] = json!(self.sequence);
+            self.sequence += 1;
+        }
+        (out, done)
     }
 
-    /// The response object; `finished`: `None` while in progress, else whether it was cut
-    /// by `max_output_tokens`.
-    fn object(&self, finished: Option<bool>) -> Value {
-        let (status, incomplete_details) = match finished {
-            None => ("in_progress", Value::Null),
-            Some(false) => ("completed", Value::Null),
-            Some(true) => ("incomplete", json!({"reason": "max_output_tokens"})),
+    /// The response object with `status`.
+    fn object(&self, status: Status) -> Value {
+        let (error, incomplete_details) = match &status {
+            Status::Incomplete => (Value::Null, json!({"reason": "max_output_tokens"})),
+            Status::Failed(error) => (error.clone(), Value::Null),
+            _ => (Value::Null, Value::Null),
         };
-        let usage = finished.map(|_| {
+        let ended = status.ended();
+        let usage = ended.then(|| {
             let usage = self.generation.usage(self.provenance.completion_tokens());
             let (input, output) = (usage.prompt_tokens, usage.completion_tokens);
             let cached = usage.prompt_tokens_details.cached_tokens;
@@ -250,11 +291,11 @@ impl Answer {
             "id": self.id,
             "object": "response",
             "created_at": self.created_at,
-            "status": status,
-            "error": null,
+            "status": status.name(),
+            "error": error,
             "incomplete_details": incomplete_details,
             "model": self.model,
-            "output": if finished.is_some() { json!(self.items.output) } else { json!([]) },
+            "output": if ended { json!(self.items.output) } else { json!([]) },
             "usage": usage,
             "tokenrouter": self.provenance.snapshot(),
         });
@@ -263,6 +304,45 @@ impl Answer {
         }
         object
     }
+}
+
+/// Where a response stands (OpenAI's `status`); `Failed` carries its `error` object.
+enum Status {
+    Queued,
+    InProgress,
+    Completed,
+    Incomplete,
+    Failed(Value),
+    Cancelled,
+}
+
+impl Status {
+    fn name(&self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::InProgress => "in_progress",
+            Status::Completed => "completed",
+            Status::Incomplete => "incomplete",
+            Status::Failed(_) => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the response is over (its output and usage are final).
+    fn ended(&self) -> bool {
+        !matches!(self, Status::Queued | Status::InProgress)
+    }
+}
+
+/// Response events as SSE, each named by its type.
+pub fn sse(events: impl Stream<Item = Value> + Send + 'static) -> Response {
+    let events = events.map(|event| {
+        let kind = event["type"].as_str().unwrap_or("message");
+        Ok::<_, Infallible>(Event::default().event(kind).data(event.to_string()))
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// What an item being written is.

@@ -21,6 +21,8 @@ pub struct AppState {
     pub aborts: Arc<crate::aborts::Aborts>,
     /// Finished Responses API answers (`store`).
     pub responses: Arc<crate::response_store::ResponseStore>,
+    /// Responses running in the background, and ended streamed ones kept for reading.
+    pub jobs: Arc<crate::background::Jobs>,
 }
 
 /// Shutdown phases: draining (new generation requests get 503, health is 503) and then

@@ -237,6 +237,32 @@ class Suite:
         except openai.NotFoundError:
             pass
 
+    def test_background_responses(self):
+        r = self.client.responses.create(model=ROUTED, input="hi", background=True)
+        check(r.status == "queued" and r.background, r)
+        for _ in range(1000):
+            r = self.client.responses.retrieve(r.id)
+            if r.status not in ("queued", "in_progress"):
+                break
+            time.sleep(0.01)
+        check(r.status == "completed" and r.output_text == SCRIPT, r)
+        # Cancelled at once; the mock writes for ~0.1 s, so under load it may end first.
+        r = self.client.responses.create(model=ROUTED, input="hi", background=True)
+        try:
+            c = self.client.responses.cancel(r.id)
+            check(c.status == "cancelled" and SCRIPT.startswith(c.output_text if c.output else ""), c)
+        except openai.BadRequestError as e:
+            check("already completed" in str(e), e)
+        # Streamed, then read again from a point by the response's id.
+        events = list(self.client.responses.create(model=ROUTED, input="hi", background=True, stream=True))
+        kinds = [e.type for e in events]
+        check(kinds[:3] == ["response.created", "response.queued", "response.in_progress"], kinds)
+        check(kinds[-1] == "response.completed" and events[-1].response.output_text == SCRIPT, kinds)
+        rid = events[0].response.id
+        again = list(self.client.responses.retrieve(rid, stream=True, starting_after=2))
+        check([e.sequence_number for e in again] == [e.sequence_number for e in events[3:]], again)
+        check([e.type for e in again] == kinds[3:], again)
+
     def test_errors(self):
         def expect(exc, fn):
             try:

@@ -26,6 +26,7 @@ pub fn build(state: AppState) -> Router {
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
         )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route(
             "/v1/responses/{id}/input_items",
             get(responses::input_items),

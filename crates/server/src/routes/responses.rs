@@ -6,7 +6,10 @@
 //! take beyond OpenAI's (sampling extras, `routing`, `return_token_sources`) pass through.
 //! Finished answers are stored (`crate::response_store`) unless `store: false`: a request
 //! naming one by `previous_response_id` continues its conversation, and
-//! `GET` / `DELETE /v1/responses/{id}` and `GET …/input_items` reach it.
+//! `GET` / `DELETE /v1/responses/{id}` and `GET …/input_items` reach it. With
+//! `background: true` the answer runs in a task of its own (`crate::background`): the
+//! request returns it `queued` (or streams its events), and `GET …?stream=true`,
+//! `POST …/cancel` reach it while it runs.
 
 use std::time::Instant;
 
@@ -14,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
@@ -62,13 +65,24 @@ pub async fn responses(
             "the request body must be a JSON object",
         ));
     };
-    if fields.get("background") == Some(&Value::Bool(true)) {
-        return Err(ApiError::invalid(
-            "background",
-            "background responses are not supported",
-        ));
-    }
     let store = state.responses.enabled() && fields.get("store") != Some(&Value::Bool(false));
+    let background = match fields.get("background") {
+        None | Some(Value::Null | Value::Bool(false)) => false,
+        Some(Value::Bool(true)) if store => true,
+        Some(Value::Bool(true)) => {
+            let why = match state.responses.enabled() {
+                true => "a background response is stored: `store` cannot be false",
+                false => "this server keeps no responses (--max-stored-responses 0), so it runs none in the background",
+            };
+            return Err(ApiError::invalid("background", why));
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "background",
+                "`background` must be a boolean",
+            ))
+        }
+    };
     let (own, previous) = continued(&state, &fields)?;
     if let (Some(own), Some(previous)) = (&own, &previous) {
         // The earlier conversation, then this request's items.
@@ -86,6 +100,13 @@ pub async fn responses(
     let mut answer = responses::Answer::new(&state, &plan, echoed, generation);
     if let (true, Some(own)) = (store, own) {
         answer = answer.stored_in(state.responses.clone(), with_ids(own), previous);
+    }
+    if background {
+        let job = state.jobs.start(answer.in_background(), plan.stream);
+        return Ok(match plan.stream {
+            true => responses::sse(job.follow(None)),
+            false => Json(job.snapshot()).into_response(),
+        });
     }
     if plan.stream {
         Ok(answer.stream())
@@ -110,6 +131,12 @@ fn continued(state: &AppState, fields: &Map<String, Value>) -> Result<Continued,
     let previous = match fields.get("previous_response_id") {
         None | Some(Value::Null) => None,
         Some(Value::String(id)) => {
+            if state.jobs.get(id).is_some_and(|job| job.running()) {
+                return Err(ApiError::invalid(
+                    "previous_response_id",
+                    "that response is still running in the background: wait for it to end",
+                ));
+            }
             Some(
                 state
                     .responses
@@ -151,20 +178,80 @@ fn with_ids(items: Vec<Value>) -> Vec<Value> {
         .collect()
 }
 
-/// `GET /v1/responses/{id}`: a stored response.
+/// `GET /v1/responses/{id}`: a stored response, or one running in the background as it
+/// stands; with `stream=true` (a background response created with `stream: true`) its
+/// events after `starting_after`, then each new one until it ends.
 pub async fn retrieve(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    Ok(Json(stored(&state, &id)?.response.clone()))
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let job = state.jobs.get(&id);
+    match query.get("stream").map(String::as_str) {
+        None | Some("false") => {}
+        Some("true") => {
+            let starting_after = match query.get("starting_after") {
+                None => None,
+                Some(n) => Some(n.parse::<u64>().map_err(|_| {
+                    ApiError::invalid(
+                        "starting_after",
+                        "`starting_after` must be an event's sequence number",
+                    )
+                })?),
+            };
+            return match job.filter(|job| job.streamed()) {
+                Some(job) => Ok(responses::sse(job.follow(starting_after))),
+                None if stored(&state, &id).is_ok() => Err(ApiError::invalid(
+                    "stream",
+                    "only a response created with `background` and `stream` can be streamed again",
+                )),
+                None => Err(not_found(&id)),
+            };
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream",
+                "`stream` must be true or false",
+            ))
+        }
+    }
+    let response = match job {
+        Some(job) => job.snapshot(),
+        None => stored(&state, &id)?.response.clone(),
+    };
+    Ok(Json(response).into_response())
 }
 
-/// `DELETE /v1/responses/{id}`.
+/// `POST /v1/responses/{id}/cancel`: stops a background response (its output so far kept,
+/// status `cancelled`); one that has ended, or never ran in the background, is a 400.
+pub async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let response = match state.jobs.get(&id) {
+        Some(job) if job.running() => return Ok(Json(job.cancel().await)),
+        Some(job) => job.snapshot(),
+        None => stored(&state, &id)?.response.clone(),
+    };
+    let message = match response.get("background") == Some(&Value::Bool(true)) {
+        true => format!(
+            "cannot cancel a response that is already {}",
+            response["status"].as_str().unwrap_or("ended")
+        ),
+        false => "cannot cancel a synchronous response: only one created with \
+                  `background: true` can be cancelled"
+            .to_string(),
+    };
+    Err(ApiError::invalid("response_id", message))
+}
+
+/// `DELETE /v1/responses/{id}` (a background response still running is cancelled first).
 pub async fn delete(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !state.responses.remove(&id) {
+    let running = state.jobs.remove(&id).await;
+    if !state.responses.remove(&id) && !running {
         return Err(not_found(&id));
     }
     Ok(Json(

@@ -2,6 +2,7 @@
 //! format, provenance, disconnect aborts, graceful shutdown, and the end-to-end run of the
 //! official `openai` Python client. One test binary keeps link time low.
 
+mod background_responses;
 mod batch;
 mod cached_tokens;
 mod common;
