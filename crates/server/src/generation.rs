@@ -62,6 +62,8 @@ pub struct Generation {
 impl Generation {
     /// Submits `plan.n` engine requests per prompt (choice index = prompt * n + i). If any
     /// submission fails, the ones already made are dropped (aborted) and the error returned.
+    /// SGLang's `/abort_request` stops it by its `rid` (one of its own when none was given,
+    /// so that `abort_all` reaches every request, as SGLang's does).
     pub fn start(
         state: &AppState,
         plan: &GenerationPlan,
@@ -69,7 +71,11 @@ impl Generation {
         arrival: Instant,
     ) -> Result<Self, ApiError> {
         let items: Vec<_> = prompts.iter().map(|p| (plan, p.as_slice())).collect();
-        Self::start_each(state, &items, arrival, None)
+        let rid = plan
+            .rid
+            .clone()
+            .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
+        Self::start_each(state, &items, arrival, Some(state.aborts.register(&rid)))
     }
 
     /// [`Generation::start`] with a plan per prompt (SGLang's list of `sampling_params`);

@@ -59,6 +59,8 @@ pub struct GenerationPlan {
     pub priority: i32,
     /// vLLM's `cache_salt` (prefix-cache blocks shared only under the same salt).
     pub cache_salt: Option<String>,
+    /// SGLang's `rid`: `/abort_request` stops the request by it.
+    pub rid: Option<String>,
 }
 
 impl GenerationPlan {
@@ -130,6 +132,7 @@ impl GenerationPlan {
             constraint,
             priority: priority(fields.priority)?,
             cache_salt: cache_salt(fields.cache_salt)?,
+            rid: fields.rid,
         })
     }
 

@@ -279,6 +279,8 @@ impl Params {
             constraint: self.constraint.clone().map(|c| (c, "sampling_params")),
             priority: 0,
             cache_salt: None,
+            // `/generate` registers its own rid (its answers carry it).
+            rid: None,
         }
     }
 }

@@ -57,6 +57,8 @@ pub struct CommonFields {
     pub priority: Option<i64>,
     /// vLLM's: the request shares prefix-cache blocks only with requests of the same salt.
     pub cache_salt: Option<String>,
+    /// SGLang's: the request's id, which `/abort_request` names to stop it.
+    pub rid: Option<String>,
     /// Extension: report which model wrote each token.
     pub return_token_sources: Option<bool>,
     /// Extension: per-request overrides of the routing method's kwargs

@@ -129,7 +129,7 @@ pub async fn flush_cache(State(state): State<AppState>) -> Result<&'static str, 
     Ok("Cache flushed.\n")
 }
 
-/// SGLang's `/abort_request` body: the rid of a running `/generate` request, or all.
+/// SGLang's `/abort_request` body: the rid of a running request, or all.
 #[derive(Debug, Deserialize)]
 pub struct AbortRequest {
     #[serde(default)]
@@ -138,7 +138,7 @@ pub struct AbortRequest {
     abort_all: bool,
 }
 
-/// SGLang's `/abort_request`: the `/generate` requests running under `rid` (or all, with
+/// SGLang's `/abort_request`: the requests running under `rid` (or all, with
 /// `abort_all`) end now with finish reason `abort` and what they wrote; 200 whether or not
 /// any was running, as SGLang answers.
 pub async fn abort_request(

@@ -362,3 +362,37 @@ async fn running_at_most(m: &MockBackend, n: usize) {
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
 }
+
+/// SGLang's `rid` on the OpenAI endpoints: `/abort_request` stops a chat completion by it
+/// (finish reason `abort`, what it wrote kept), and `abort_all` reaches OpenAI requests
+/// without one too.
+#[tokio::test]
+async fn abort_request_reaches_openai_requests() {
+    let m = MockBackend::new(MockConfig {
+        token_delay: std::time::Duration::from_millis(5),
+        ..MockConfig::default()
+    });
+    let router = app(&m);
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "rid": "c1",
+        "max_tokens": 400, "ignore_eos": true});
+    let chat = tokio::spawn(post_json(router.clone(), "/v1/chat/completions", chat));
+    running(&m, 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let resp = send(router.clone(), post("/abort_request", r#"{"rid": "c1"}"#)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let (status, out) = chat.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["choices"][0]["finish_reason"], "abort");
+    let written = out["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(written > 0 && written < 400, "{written}");
+
+    let completion = json!({"prompt": "hi", "max_tokens": 400, "ignore_eos": true});
+    let completion = tokio::spawn(post_json(router.clone(), "/v1/completions", completion));
+    running(&m, 1).await;
+    let resp = send(router, post("/abort_request", r#"{"abort_all": true}"#)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let (status, out) = completion.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["choices"][0]["finish_reason"], "abort");
+    running_at_most(&m, 0).await;
+}
