@@ -1,7 +1,7 @@
 //! SGLang's `/abort_request`: running requests are registered under their `rid` (given,
-//! or made) so that another client can stop them (or all of them). A stopped request ends as if it
-//! had finished, with finish reason `abort` and the tokens it wrote so far; its engine
-//! request is aborted when its stream is dropped, as for a client that went away.
+//! or made) so that another client can stop them (or all of them). A stopped request ends
+//! as if it had finished, with finish reason `abort` and the tokens it wrote so far; its
+//! engine request is aborted when its stream is dropped, as for a client that went away.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
