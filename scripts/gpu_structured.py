@@ -12,8 +12,12 @@ With `--switch sampling` the two servers differ instead in where sampled rows dr
 (`TOKENROUTER_SAMPLING=device`, the GPU default, vs `host`: every step's logits to the host)
 and the load is sampled (`--temperature`, `--top-p`, a seed per request).
 
+With `--switch greedy` (and temperature 0) an all-greedy batch is picked by the sampling
+kernel (`TOKENROUTER_SAMPLING=device`, the "device" column) or by candle's argmax ops on the
+GPU (`auto`, the default: the "host" column).
+
 Usage: python3 scripts/gpu_structured.py --bin BIN [--concurrency 1 16 64] [--out DIR]
-           [--switch masks|sampling] [--temperature 0] [--top-p 1] [--constraints free ...]
+           [--switch masks|sampling|greedy] [--temperature 0] [--top-p 1] [--constraints free ...]
            [--modes device host] [--extra-body JSON]
 """
 import argparse, json, os, re, subprocess, sys, urllib.request
@@ -44,8 +48,11 @@ CONSTRAINTS = {
     "restricted": {"min_tokens": 96, "stop_token_ids": [11], "bad_words": ["def", " return", "import"]},
 }
 # Per switch: the variable, and its value on the device and on the host.
+# "greedy": an all-greedy batch picked by the sampling kernel ("device") vs candle's argmax
+# ops on the GPU ("host" column: `auto`, the default).
 SWITCHES = {"masks": ("TOKENROUTER_DEVICE_MASKS", {"device": "1", "host": "0"}),
-            "sampling": ("TOKENROUTER_SAMPLING", {"device": "device", "host": "host"})}
+            "sampling": ("TOKENROUTER_SAMPLING", {"device": "device", "host": "host"}),
+            "greedy": ("TOKENROUTER_SAMPLING", {"device": "device", "host": "auto"})}
 
 
 def mask_stats(port):

@@ -60,7 +60,8 @@ pub enum Sampling {
     /// Every row that can (at most `race::TOP_MAX` top logprobs, a token mask only with
     /// `device_masks`) draws where the logits are (`sampling::race`, penalties and bias as
     /// sparse adjustments: a few numbers per row reach the host); the others on the host.
-    /// On a CPU: the GPU's algorithm, to compare with it.
+    /// An all-greedy batch too (`auto` picks it with candle's argmax ops). On a CPU: the
+    /// GPU's algorithm, to compare with it.
     Device,
 }
 

@@ -7,7 +7,7 @@ use super::after_step::StepSeen;
 use super::masks::{self, RowMask};
 use super::{shared, StepSample, SubServer};
 use tokenrouter_runtime::sampling::race::{self, DrawRow};
-use tokenrouter_runtime::{Row, RuntimeError, Sampled, StepOptions, StepOutput};
+use tokenrouter_runtime::{Row, RuntimeError, Sampled, Sampling, StepOptions, StepOutput};
 
 /// What the forward pass and sampling produced for the running batch.
 pub(super) struct Stepped {
@@ -79,7 +79,10 @@ impl SubServer {
         let model = self.runner.model();
         let gpu = !model.device().is_cpu();
         let kernels = *model.kernels();
+        // An all-greedy batch takes candle's argmax on the GPU, unless `sampling: device`
+        // sends every row through the sampling kernel (to compare the two).
         let on_device = gpu
+            && kernels.sampling != Sampling::Device
             && self.needs.no_logits
             && self.running.iter().all(|r| {
                 r.top_logprobs == 0
