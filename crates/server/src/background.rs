@@ -4,8 +4,8 @@
 //! follows or resumes its events when it was created with `stream: true`
 //! (`?stream=true&starting_after=N`), or cancels it (`POST /v1/responses/{id}/cancel`).
 //! When it ends, the response goes to the response store like any other; a streamed one
-//! keeps its events here too (up to the store's capacity), so a client that lost the
-//! connection can still read the rest.
+//! keeps its events here too (the most recent ones, within the store's capacity and
+//! [`MAX_KEPT_BYTES`]), so a client that lost the connection can still read the rest.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -14,7 +14,11 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::Value;
 use tokio::sync::{watch, Notify};
 
-use crate::responses::Answer;
+use crate::responses::{Answer, SentEvent};
+
+/// The most event text kept for ended streamed responses, all together: a long answer's
+/// events take a few hundred bytes a token, so the count alone would not bound them.
+pub const MAX_KEPT_BYTES: usize = 256 << 20;
 
 /// One background response: where it stands, and its events when streamed.
 pub struct Job {
@@ -29,7 +33,7 @@ struct Progress {
     /// The response object as last seen (`queued`, `in_progress`, then how it ended).
     snapshot: Value,
     /// Every event so far, numbered from 0 (`None` unless created with `stream: true`).
-    events: Option<Vec<Value>>,
+    events: Option<Vec<Arc<SentEvent>>>,
     done: bool,
 }
 
@@ -67,7 +71,10 @@ impl Job {
 
     /// The events numbered after `starting_after` (all with `None`), then each new one as
     /// it comes, until the response ends.
-    pub fn follow(self: Arc<Self>, starting_after: Option<u64>) -> impl Stream<Item = Value> {
+    pub fn follow(
+        self: Arc<Self>,
+        starting_after: Option<u64>,
+    ) -> impl Stream<Item = Arc<SentEvent>> {
         let next = starting_after.map_or(0, |n| n.saturating_add(1)) as usize;
         let changed = self.changed.subscribe();
         stream::unfold(
@@ -113,8 +120,10 @@ pub struct Jobs {
 #[derive(Default)]
 struct Inner {
     by_id: HashMap<String, Arc<Job>>,
-    /// Ended jobs kept for their events, oldest first.
-    ended: VecDeque<String>,
+    /// Ended jobs kept for their events, oldest first, with the bytes each holds.
+    ended: VecDeque<(String, usize)>,
+    /// Their sum.
+    kept_bytes: usize,
 }
 
 impl Jobs {
@@ -138,6 +147,11 @@ impl Jobs {
         job.cancel().await;
         if let Ok(mut inner) = self.inner.lock() {
             inner.by_id.remove(id);
+            if let Some(at) = inner.ended.iter().position(|(e, _)| e == id) {
+                if let Some((_, bytes)) = inner.ended.remove(at) {
+                    inner.kept_bytes -= bytes;
+                }
+            }
         }
         true
     }
@@ -177,7 +191,7 @@ impl Jobs {
                                 p.snapshot = last.clone();
                             }
                             if let Some(kept) = &mut p.events {
-                                kept.extend(events);
+                                kept.extend(events.iter().map(|e| Arc::new(SentEvent::of(e))));
                             }
                             p.done = done;
                         });
@@ -187,27 +201,94 @@ impl Jobs {
                     }
                 }
             }
-            jobs.ended(&id, streamed);
+            let kept = match running.progress.lock() {
+                Ok(p) => p.events.iter().flatten().map(|e| e.size()).sum(),
+                Err(_) => 0,
+            };
+            jobs.ended(&id, streamed.then_some(kept));
         });
         job
     }
 
-    /// A job has ended (its response is in the store by now): kept only for its events,
-    /// the oldest dropped past the capacity.
-    fn ended(&self, id: &str, streamed: bool) {
+    /// A job has ended (its response is in the store by now): kept only for its events
+    /// (`kept` bytes of them, `None` when not streamed), the oldest dropped past the
+    /// capacity or [`MAX_KEPT_BYTES`].
+    fn ended(&self, id: &str, kept: Option<usize>) {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        if !streamed {
+        let Some(bytes) = kept.filter(|_| inner.by_id.contains_key(id)) else {
+            // Not streamed, or deleted while it ran.
             inner.by_id.remove(id);
             return;
-        }
-        inner.ended.push_back(id.to_string());
-        while inner.ended.len() > self.capacity {
-            let Some(oldest) = inner.ended.pop_front() else {
+        };
+        inner.ended.push_back((id.to_string(), bytes));
+        inner.kept_bytes += bytes;
+        while inner.ended.len() > self.capacity || inner.kept_bytes > MAX_KEPT_BYTES {
+            let Some((oldest, bytes)) = inner.ended.pop_front() else {
                 break;
             };
+            inner.kept_bytes -= bytes;
             inner.by_id.remove(&oldest);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended_job() -> Arc<Job> {
+        Arc::new(Job {
+            progress: Mutex::new(Progress {
+                snapshot: Value::Null,
+                events: Some(Vec::new()),
+                done: true,
+            }),
+            changed: watch::channel(0).0,
+            cancel: Notify::new(),
+        })
+    }
+
+    fn jobs_with(capacity: usize, ids: &[&str]) -> Jobs {
+        let jobs = Jobs::new(capacity);
+        for id in ids {
+            let mut inner = jobs.inner.lock().unwrap();
+            inner.by_id.insert(id.to_string(), ended_job());
+        }
+        jobs
+    }
+
+    #[test]
+    fn ended_streams_are_kept_within_the_count_and_the_bytes() {
+        let jobs = jobs_with(2, &["a", "b", "c"]);
+        for id in ["a", "b", "c"] {
+            jobs.ended(id, Some(10));
+        }
+        assert!(jobs.get("a").is_none(), "past the count");
+        assert!(jobs.get("b").is_some() && jobs.get("c").is_some());
+        assert_eq!(jobs.inner.lock().unwrap().kept_bytes, 20);
+
+        let half = MAX_KEPT_BYTES / 2 + 1;
+        let jobs = jobs_with(10, &["a", "b", "c"]);
+        jobs.ended("a", Some(half));
+        jobs.ended("b", Some(half));
+        assert!(jobs.get("a").is_none(), "past the bytes");
+        jobs.ended("c", None);
+        assert!(jobs.get("c").is_none(), "not streamed: nothing to keep");
+        assert_eq!(jobs.inner.lock().unwrap().kept_bytes, half);
+        // Deleted while it ran: not kept, not counted.
+        jobs.ended("gone", Some(5));
+        assert_eq!(jobs.inner.lock().unwrap().kept_bytes, half);
+    }
+
+    #[tokio::test]
+    async fn a_deleted_stream_frees_its_bytes() {
+        let jobs = jobs_with(10, &["a", "b"]);
+        jobs.ended("a", Some(7));
+        jobs.ended("b", Some(5));
+        assert!(jobs.remove("a").await);
+        assert!(!jobs.remove("a").await);
+        assert_eq!(jobs.inner.lock().unwrap().kept_bytes, 5);
     }
 }

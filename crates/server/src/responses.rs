@@ -204,7 +204,11 @@ impl Answer {
                 return None;
             }
             let (events, done) = answer.next_events().await;
-            Some((stream::iter(events), (answer, done)))
+            let sent = events
+                .iter()
+                .map(|e| Arc::new(SentEvent::of(e)))
+                .collect::<Vec<_>>();
+            Some((stream::iter(sent), (answer, done)))
         })
         .flatten();
         sse(events)
@@ -334,12 +338,30 @@ impl Status {
     }
 }
 
+/// A response event as sent: its type (the SSE event's name) and its JSON text.
+pub struct SentEvent {
+    kind: String,
+    data: String,
+}
+
+impl SentEvent {
+    pub fn of(event: &Value) -> Self {
+        Self {
+            kind: event["type"].as_str().unwrap_or("message").to_string(),
+            data: event.to_string(),
+        }
+    }
+
+    /// Bytes held.
+    pub fn size(&self) -> usize {
+        self.kind.len() + self.data.len()
+    }
+}
+
 /// Response events as SSE, each named by its type.
-pub fn sse(events: impl Stream<Item = Value> + Send + 'static) -> Response {
-    let events = events.map(|event| {
-        let kind = event["type"].as_str().unwrap_or("message");
-        Ok::<_, Infallible>(Event::default().event(kind).data(event.to_string()))
-    });
+pub fn sse(events: impl Stream<Item = Arc<SentEvent>> + Send + 'static) -> Response {
+    let events = events
+        .map(|event| Ok::<_, Infallible>(Event::default().event(&event.kind).data(&event.data)));
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()

@@ -203,7 +203,8 @@ pub async fn retrieve(
                 Some(job) => Ok(responses::sse(job.follow(starting_after))),
                 None if stored(&state, &id).is_ok() => Err(ApiError::invalid(
                     "stream",
-                    "only a response created with `background` and `stream` can be streamed again",
+                    "this response's events are not kept: only a background response created \
+                     with `stream: true` can be streamed again, while the server keeps its events",
                 )),
                 None => Err(not_found(&id)),
             };
