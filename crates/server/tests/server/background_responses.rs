@@ -29,6 +29,15 @@ async fn get_json(app: Router, path: &str) -> (StatusCode, Value) {
     (status, serde_json::from_str(&text(resp).await).unwrap())
 }
 
+/// POSTs a background request ("hi", with `extra` fields): the status and the answer.
+async fn start(app: &Router, extra: Value) -> (StatusCode, Value) {
+    let mut body = json!({"input": "hi", "background": true});
+    if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+        body.extend(extra);
+    }
+    post_json(app.clone(), "/v1/responses", body).await
+}
+
 /// Polls the response until its status is none of `queued` / `in_progress`.
 async fn wait_ended(app: &Router, id: &str) -> Value {
     for _ in 0..1000 {
@@ -54,12 +63,7 @@ fn events(body: &str) -> Vec<Value> {
 async fn a_background_response_answers_queued_and_is_polled_to_its_end() {
     let m = slow_mock(3);
     let a = router(m.clone(), ServerConfig::default());
-    let (status, r) = post_json(
-        a.clone(),
-        "/v1/responses",
-        json!({"input": "hi", "background": true}),
-    )
-    .await;
+    let (status, r) = start(&a, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{r}");
     assert_eq!(r["status"], "queued");
     assert_eq!(r["background"], true);
@@ -116,12 +120,7 @@ async fn a_background_response_answers_queued_and_is_polled_to_its_end() {
 async fn cancel_stops_a_background_response_in_the_engine() {
     let m = slow_mock(40);
     let a = router(m.clone(), ServerConfig::default());
-    let (_, r) = post_json(
-        a.clone(),
-        "/v1/responses",
-        json!({"input": "hi", "background": true, "max_output_tokens": 200}),
-    )
-    .await;
+    let (_, r) = start(&a, json!({"max_output_tokens": 200})).await;
     let id = r["id"].as_str().unwrap().to_string();
     // A few tokens in, then cancelled.
     assert!(
@@ -238,12 +237,7 @@ async fn a_failed_background_response_is_kept_as_failed() {
         ..MockConfig::default()
     });
     let a = router(m, ServerConfig::default());
-    let (_, r) = post_json(
-        a.clone(),
-        "/v1/responses",
-        json!({"input": "hi", "background": true}),
-    )
-    .await;
+    let (_, r) = start(&a, json!({})).await;
     let id = r["id"].as_str().unwrap().to_string();
     let failed = wait_ended(&a, &id).await;
     assert_eq!(failed["status"], "failed", "{failed}");
@@ -261,12 +255,7 @@ async fn a_failed_background_response_is_kept_as_failed() {
 async fn deleting_a_running_background_response_cancels_it() {
     let m = slow_mock(40);
     let a = router(m.clone(), ServerConfig::default());
-    let (_, r) = post_json(
-        a.clone(),
-        "/v1/responses",
-        json!({"input": "hi", "background": true}),
-    )
-    .await;
+    let (_, r) = start(&a, json!({})).await;
     let id = r["id"].as_str().unwrap().to_string();
     assert!(
         m.wait_for(Duration::from_secs(5), |log| log.running == 1)
