@@ -490,6 +490,23 @@ pub trait Backend: Send + Sync + 'static {
     fn unhealthy(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// How busy each model is now (for `/metrics`' vLLM and SGLang names, which load-aware
+    /// routers and autoscalers read). None by default.
+    fn load(&self) -> Vec<ModelLoad> {
+        Vec::new()
+    }
+}
+
+/// One model's load now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelLoad {
+    pub name: String,
+    /// Requests in its running batch.
+    pub running: usize,
+    /// Requests queued at it.
+    pub waiting: usize,
+    /// Fraction of its KV blocks in use.
+    pub kv_usage: f64,
 }
 
 #[cfg(test)]

@@ -183,12 +183,18 @@ async fn binary_exits_zero_on_sigterm() {
             .text()
             .await
             .unwrap();
-        let active = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("tokenrouter:engine_active_requests "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0);
-        if active >= 1.0 {
+        let value = |prefix: &str| {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let active = value("tokenrouter:engine_active_requests ");
+        // The same load under vLLM's names (what gateways and autoscalers read).
+        let vllm = value("vllm:num_requests_running{model_name=\"tokenrouter\"} ")
+            + value("vllm:num_requests_waiting{model_name=\"tokenrouter\"} ");
+        if active >= 1.0 && vllm >= 1.0 {
             break;
         }
         assert!(

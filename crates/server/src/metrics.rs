@@ -8,6 +8,7 @@
 //! `e2e_request_latency_seconds`, `num_requests_running`.
 
 use std::time::Instant;
+use tokenrouter_api::ModelLoad;
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -113,6 +114,44 @@ impl Metrics {
         }
         String::from_utf8_lossy(&buf).into_owned()
     }
+}
+
+/// The load gauges under vLLM's and SGLang's own names, which load-aware routers (vLLM's
+/// production stack, the Gateway API inference extension, SGLang's router) and autoscalers
+/// read: requests running and queued, summed over the models, and KV usage, the fullest
+/// model's; labelled with the served model name as vLLM labels them.
+pub fn load_text(load: &[ModelLoad], served_name: &str) -> String {
+    if load.is_empty() {
+        return String::new();
+    }
+    let running: usize = load.iter().map(|m| m.running).sum();
+    let waiting: usize = load.iter().map(|m| m.waiting).sum();
+    let kv = load.iter().map(|m| m.kv_usage).fold(0.0, f64::max);
+    let name = served_name.replace('\\', "\\\\").replace('"', "\\\"");
+    let (running, waiting, kv) = (running.to_string(), waiting.to_string(), kv.to_string());
+    let busy = "Requests in the models' running batches.";
+    let queued = "Requests queued at the models.";
+    let full = "KV-cache usage of the fullest model (1 = full).";
+    let gauges = [
+        ("vllm:num_requests_running", busy, &running),
+        ("vllm:num_requests_waiting", queued, &waiting),
+        ("vllm:kv_cache_usage_perc", full, &kv),
+        (
+            "vllm:gpu_cache_usage_perc",
+            "vLLM's older name of kv_cache_usage_perc.",
+            &kv,
+        ),
+        ("sglang:num_running_reqs", busy, &running),
+        ("sglang:num_queue_reqs", queued, &waiting),
+        ("sglang:token_usage", full, &kv),
+    ];
+    let mut out = String::new();
+    for (metric, help, value) in gauges {
+        out.push_str(&format!(
+            "# HELP {metric} {help}\n# TYPE {metric} gauge\n{metric}{{model_name=\"{name}\"}} {value}\n"
+        ));
+    }
+    out
 }
 
 /// Follows one generation request; dropping it unfinished counts an abort (a client that
@@ -253,5 +292,32 @@ mod tests {
         assert!(
             text.contains("tokenrouter:e2e_request_latency_seconds_count{model=\"tokenrouter\"} 1")
         );
+    }
+
+    #[test]
+    fn load_is_told_under_vllm_and_sglang_names() {
+        let load = |name: &str, running, waiting, kv_usage| ModelLoad {
+            name: name.into(),
+            running,
+            waiting,
+            kv_usage,
+        };
+        let text = load_text(
+            &[load("quick", 3, 1, 0.25), load("reference", 2, 4, 0.5)],
+            "my \"model\"",
+        );
+        for line in [
+            r#"vllm:num_requests_running{model_name="my \"model\""} 5"#,
+            r#"vllm:num_requests_waiting{model_name="my \"model\""} 5"#,
+            r#"vllm:kv_cache_usage_perc{model_name="my \"model\""} 0.5"#,
+            r#"vllm:gpu_cache_usage_perc{model_name="my \"model\""} 0.5"#,
+            r#"sglang:num_running_reqs{model_name="my \"model\""} 5"#,
+            r#"sglang:num_queue_reqs{model_name="my \"model\""} 5"#,
+            r#"sglang:token_usage{model_name="my \"model\""} 0.5"#,
+            "# TYPE vllm:num_requests_waiting gauge",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
+        assert_eq!(load_text(&[], "x"), "", "a backend that tells no load");
     }
 }

@@ -8,7 +8,7 @@ use crate::subserver::Shared;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokenrouter_api::{
-    Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, OutputConstraint,
+    Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, ModelLoad, OutputConstraint,
     SubmitError, TextError, CONSTRAINT_PARAM,
 };
 use tokenrouter_grammar::{Grammar, GrammarCompiler, GrammarError};
@@ -91,6 +91,22 @@ impl Backend for Engine {
 
     fn metrics_text(&self) -> String {
         self.inner.metrics.text()
+    }
+
+    fn load(&self) -> Vec<ModelLoad> {
+        let m = &self.inner.metrics;
+        self.models()
+            .into_iter()
+            .map(|model| {
+                let of = |g: &prometheus::GaugeVec| g.with_label_values(&[&model.name]).get();
+                ModelLoad {
+                    running: of(&m.running) as usize,
+                    waiting: of(&m.waiting) as usize,
+                    kv_usage: of(&m.kv_usage),
+                    name: model.name,
+                }
+            })
+            .collect()
     }
 
     fn flush_cache(&self) -> Result<(), SubmitError> {

@@ -159,6 +159,10 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         text.push('\n');
     }
     text.push_str(&state.metrics.render());
+    text.push_str(&crate::metrics::load_text(
+        &state.backend.load(),
+        &state.config.served_model_name,
+    ));
     (
         [(
             header::CONTENT_TYPE,
