@@ -11,6 +11,7 @@ use std::collections::HashMap;
 pub use tokenrouter_api::SamplingParams;
 
 pub mod race;
+mod unsorted;
 pub use race::RowDraw;
 
 /// A sampled token with its log-probability and the top alternatives, all natural-log
@@ -372,24 +373,11 @@ impl Sampler {
 
     fn sample_stochastic(&mut self, l: &[f32]) -> u32 {
         let c = &self.config;
-        let cand = if c.top_k > 0 {
-            top_k_indices(l, c.top_k.min(l.len()))
-        } else {
-            // Tokens more than 30 nats (at this temperature) below the best carry less than
-            // 1e-13 of its probability each: leave them out instead of sorting ~150k logits.
-            let (_, max) = argmax(l);
-            let floor = max - 30.0 * c.temperature;
-            let mut idx: Vec<u32> = (0..l.len() as u32)
-                .filter(|&i| l[i as usize] >= floor)
-                .collect();
-            idx.sort_by(|a, b| {
-                l[*b as usize]
-                    .partial_cmp(&l[*a as usize])
-                    .unwrap_or(std::cmp::Ordering::Equal)
-                    .then(a.cmp(b))
-            });
-            idx
-        };
+        if c.top_k == 0 {
+            let u = self.rng.random::<f64>();
+            return unsorted::draw(l, c.temperature, c.min_p, c.top_p, u);
+        }
+        let cand = top_k_indices(l, c.top_k.min(l.len()));
         let max = l[cand[0] as usize];
         let mut probs: Vec<f64> = cand
             .iter()
