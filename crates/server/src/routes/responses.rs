@@ -199,13 +199,10 @@ pub async fn retrieve(
                     )
                 })?),
             };
-            return match job.filter(|job| job.streamed()) {
-                Some(job) => Ok(responses::sse(job.follow(starting_after))),
-                None if stored(&state, &id).is_ok() => Err(ApiError::invalid(
-                    "stream",
-                    "this response's events are not kept: only a background response created \
-                     with `stream: true` can be streamed again, while the server keeps its events",
-                )),
+            return match job {
+                Some(job) if job.streamed() => Ok(responses::sse(job.follow(starting_after))),
+                Some(_) => Err(not_streamed()),
+                None if stored(&state, &id).is_ok() => Err(not_streamed()),
                 None => Err(not_found(&id)),
             };
         }
@@ -307,6 +304,14 @@ pub async fn input_items(
 
 fn stored(state: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
     state.responses.get(id).ok_or_else(|| not_found(id))
+}
+
+fn not_streamed() -> ApiError {
+    ApiError::invalid(
+        "stream",
+        "this response's events are not kept: only a background response created with \
+         `stream: true` can be streamed again, while the server keeps its events",
+    )
 }
 
 fn not_found(id: &str) -> ApiError {

@@ -137,6 +137,10 @@ async fn cancel_stops_a_background_response_in_the_engine() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(error_of(&r)["param"], "previous_response_id");
+    // Created without `stream`: its events are not kept to read.
+    let (status, r) = get_json(a.clone(), &format!("/v1/responses/{id}?stream=true")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{r}");
+    assert_eq!(error_of(&r)["param"], "stream");
 
     let (status, cancelled) =
         post_json(a.clone(), &format!("/v1/responses/{id}/cancel"), json!({})).await;
