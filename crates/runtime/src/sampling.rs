@@ -29,10 +29,9 @@ pub struct Sampler {
     pub config: SamplingParams,
     rng: ChaCha12Rng,
     counts: HashMap<u32, u32>,
-    prompt_tokens: std::collections::HashSet<u32>,
     /// The penalties and bias in force, one entry per id, kept up to date as tokens are
-    /// observed (rebuilding them every step cost ~1 ms at 64 rows with a repetition
-    /// penalty: a hash map over each prompt and output, then a sort).
+    /// observed (not rebuilt every step: with a repetition penalty that walked each
+    /// request's prompt and output into a hash map, then sorted it, every step).
     adjust: Vec<race::Adjust>,
     /// Where each id's entry is in `adjust`.
     adjust_at: HashMap<u32, usize>,
@@ -211,14 +210,12 @@ impl Sampler {
             config,
             rng: ChaCha12Rng::seed_from_u64(seed),
             counts: HashMap::new(),
-            prompt_tokens: prompt.iter().copied().collect(),
             adjust: Vec::new(),
             adjust_at: HashMap::new(),
         };
         if s.config.repetition_penalty != 1.0 {
             let penalty = s.config.repetition_penalty;
-            let prompt: Vec<u32> = s.prompt_tokens.iter().copied().collect();
-            for tok in prompt {
+            for &tok in prompt {
                 s.entry(tok).rep = penalty;
             }
         }

@@ -77,7 +77,7 @@ impl Metrics {
             )?,
             requests_aborted: counter(
                 "requests_aborted_total",
-                "Requests that ended without finishing (client_disconnect, shutdown, error).",
+                "Requests that ended without finishing (client_disconnect, shutdown, error, cancelled).",
                 &["model", "reason"],
             )?,
             prompt_tokens: counter(
