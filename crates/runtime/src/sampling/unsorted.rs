@@ -15,16 +15,17 @@ const BUCKETS: usize = 512;
 /// A token drawn from `logits` at `temperature` (> 0) under `min_p` and `top_p`, by `u`
 /// (uniform in [0, 1)). With no finite logit, the argmax.
 pub fn draw(logits: &[f32], temperature: f32, min_p: f32, top_p: f32, u: f64) -> u32 {
-    let (best, _) = super::argmax(logits);
-    let Some(weights) = kept(logits, temperature, min_p, top_p) else {
+    let (best, max) = super::argmax(logits);
+    if !max.is_finite() {
         return best;
-    };
+    }
+    let weights = weigh(logits, best, max, temperature, min_p, top_p);
     // The kept weights' mass, then the walk in id order: block by block to the block
     // where it ends, then id by id.
-    let mut r = u * sum(&weights);
+    let blocks: Vec<f64> = weights.chunks(BLOCK).map(sum).collect();
+    let mut r = u * blocks.iter().sum::<f64>();
     let mut last = best;
-    for (b, block) in weights.chunks(BLOCK).enumerate() {
-        let mass = sum(block);
+    for (b, (block, &mass)) in weights.chunks(BLOCK).zip(&blocks).enumerate() {
         if r - mass > 0.0 {
             r -= mass;
             if let Some(i) = block.iter().rposition(|&w| w > 0.0) {
@@ -48,13 +49,16 @@ pub fn draw(logits: &[f32], temperature: f32, min_p: f32, top_p: f32, u: f64) ->
 /// Ids a block of the walk and of the sums.
 const BLOCK: usize = 1024;
 
-/// Each id's weight relative to the best (1), 0 where it is not kept; `None` when no
-/// logit is finite.
-fn kept(logits: &[f32], temperature: f32, min_p: f32, top_p: f32) -> Option<Vec<f32>> {
-    let (best, max) = super::argmax(logits);
-    if !max.is_finite() {
-        return None;
-    }
+/// Each id's weight relative to the best (`best`, its logit `max`, finite), 0 where it
+/// is not kept.
+fn weigh(
+    logits: &[f32],
+    best: u32,
+    max: f32,
+    temperature: f32,
+    min_p: f32,
+    top_p: f32,
+) -> Vec<f32> {
     let span = 30.0 * temperature;
     let floor = max - span;
     let inv_t = 1.0 / temperature;
@@ -76,7 +80,7 @@ fn kept(logits: &[f32], temperature: f32, min_p: f32, top_p: f32) -> Option<Vec<
         // Nothing reaches min_p times the best but the best.
         weights.iter_mut().for_each(|w| *w = 0.0);
         weights[best as usize] = 1.0;
-        return Some(weights);
+        return weights;
     }
     if min_p > 0.0 {
         // p_i >= min_p * p_best, the best's weight being 1.
@@ -89,7 +93,7 @@ fn kept(logits: &[f32], temperature: f32, min_p: f32, top_p: f32) -> Option<Vec<
     if top_p < 1.0 {
         cut_to_top_p(logits, &mut weights, max, span, total * top_p as f64);
     }
-    Some(weights)
+    weights
 }
 
 /// Sum in f64 across blocks of f32 lanes (vectorised, accurate).
@@ -167,6 +171,13 @@ fn cut_to_top_p(logits: &[f32], weights: &mut [f32], max: f32, span: f32, target
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// [`weigh`] of a row; `None` when no logit is finite.
+    fn kept(l: &[f32], t: f32, min_p: f32, top_p: f32) -> Option<Vec<f32>> {
+        let (best, max) = crate::sampling::argmax(l);
+        max.is_finite()
+            .then(|| weigh(l, best, max, t, min_p, top_p))
+    }
 
     /// The sorted walk's kept ids: candidates within the floor in descending order (ties:
     /// lower id first), min-p against the best, top-p's smallest prefix of the whole
