@@ -92,6 +92,15 @@ class Suite:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"null")
 
+    def root_post(self, path, body):
+        """POSTs JSON to a route outside /v1 (llama.cpp's); the status and the body text."""
+        req = urllib.request.Request(self.root + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read().decode()
+
     def post_expect_continue(self, path, body: bytes):
         """POST with `Expect: 100-continue`, as clients do for large uploads: the body is sent
         only if the server asks for it, so a request the server refuses from its headers
@@ -582,6 +591,27 @@ class Suite:
                 check(body["status"] == "ok" and set(body["seconds"]) == {"quick", "reference"}, body)
             else:
                 check(body["is_generation"] and len(body["models"]) == 2, body)
+
+    def test_llama_cpp_completion_and_infill(self):
+        """llama.cpp's /completion (whole, and streamed to the same text) and /infill, whose
+        prompt is made of the synthetic tokenizer's fill-in-the-middle tokens."""
+        bias = [[int(k), v] for k, v in LETTERS.items()]
+        body = {"prompt": "Once upon a time", "n_predict": 8, "temperature": 0, "logit_bias": bias}
+        status, text = self.root_post("/completion", body)
+        whole = json.loads(text)
+        check(status == 200 and whole["stop"] and whole["stop_type"] == "limit", whole)
+        check(whole["tokens_predicted"] == 8 and re.fullmatch("[a-z]{8}", whole["content"]), whole)
+        status, text = self.root_post("/completion", dict(body, stream=True))
+        events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+        check(events[-1]["stop"] and events[-1]["content"] == "", events[-1])
+        check(not any(e["stop"] for e in events[:-1]), events)
+        check("".join(e["content"] for e in events[:-1]) == whole["content"], (events, whole))
+        body = {"input_prefix": "ab", "input_suffix": "cd", "n_predict": 4, "temperature": 0,
+                "logit_bias": bias}
+        status, text = self.root_post("/infill", body)
+        out = json.loads(text)
+        check(status == 200 and out["tokens_predicted"] == 4, out)
+        check(out["prompt"].endswith("<|fim_prefix|>ab<|fim_suffix|>cd<|fim_middle|>"), out["prompt"])
 
 
 def main():

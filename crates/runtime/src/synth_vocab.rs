@@ -12,7 +12,19 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+/// ChatML's, then Qwen2.5-Coder's fill-in-the-middle tokens (so `/infill` and `suffix` can be
+/// tested on synthetic models).
+pub const SPECIAL_TOKENS: [&str; 9] = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+];
 pub(crate) const MERGES: [(&str, &str); 6] = [
     ("Ġ", "t"),
     ("h", "e"),

@@ -1,5 +1,6 @@
 //! API-key check for `/v1/*`, SGLang's `/generate`, `/health_generate`, `/get_model_info`
-//! `/flush_cache` and `/abort_request`, and vLLM's `/reset_prefix_cache` (every route that generates, names
+//! `/flush_cache` and `/abort_request`, vLLM's `/reset_prefix_cache`, and llama.cpp's
+//! `/completion`, `/completions` and `/infill` (every route that generates, names
 //! the models or changes the server's state) when a key is configured (`Authorization: Bearer <key>`); health, metrics, version and tokenize stay
 //! open, as in vLLM.
 
@@ -21,6 +22,9 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
             "/flush_cache",
             "/reset_prefix_cache",
             "/abort_request",
+            "/completion",
+            "/completions",
+            "/infill",
         ];
         if path == "/v1" || path.starts_with("/v1/") || guarded.contains(&path) {
             let given = req

@@ -6,6 +6,7 @@
 use tokenrouter_api::{TextError, TokenEvent};
 
 use crate::detok::IncrementalDecoder;
+use crate::line_limits::{LineLimiter, LineLimits};
 use crate::stop::StopStrings;
 
 /// One generated token as reported to the client: the engine's event, passed through as it
@@ -46,6 +47,9 @@ pub enum Step {
     Continue(Option<Delta>),
     /// A stop string matched: the output ends before it, the engine request must be dropped.
     Stopped(Delta),
+    /// A line limit ended the output (llama.cpp's `n_indent`, `t_max_predict_ms`): it ends
+    /// as a length limit does; the engine request must be dropped.
+    Limited(Delta),
 }
 
 /// Per-choice state.
@@ -73,6 +77,8 @@ pub struct ChoiceDecoder {
     stop_floor: usize,
     /// What stopped the choice, once something did.
     stopped_by: Option<StopMatch>,
+    /// llama.cpp's line limits (off unless asked for).
+    limiter: LineLimiter,
 }
 
 impl ChoiceDecoder {
@@ -105,6 +111,12 @@ impl ChoiceDecoder {
         self
     }
 
+    /// End the output at a line as llama.cpp's `n_indent` and `t_max_predict_ms` do.
+    pub fn with_line_limits(mut self, limits: LineLimits) -> Self {
+        self.limiter = LineLimiter::new(limits);
+        self
+    }
+
     /// Adds one engine token; `decode` detokenizes (skipping special tokens).
     pub fn push<F>(&mut self, token: TokenEvent, decode: F) -> Result<Step, TextError>
     where
@@ -132,6 +144,9 @@ impl ChoiceDecoder {
             self.stop_floor = self.text.len();
         } else if let Some(delta) = self.cut_at_stop() {
             return Ok(Step::Stopped(delta));
+        }
+        if let Some(end) = self.limiter.check(&self.text, &piece) {
+            return Ok(Step::Limited(self.release_until(end)));
         }
         let safe = self
             .text
@@ -192,11 +207,18 @@ impl ChoiceDecoder {
         } else {
             found.start
         };
-        let text = self.text[self.released..pos].to_string();
-        self.text.truncate(pos);
-        self.released = pos;
+        Some(self.release_until(pos))
+    }
+
+    /// Ends the text at byte `end` (never before what was released) and releases it with
+    /// every pending token.
+    fn release_until(&mut self, end: usize) -> Delta {
+        let end = end.max(self.released);
+        let text = self.text[self.released..end].to_string();
+        self.text.truncate(end);
+        self.released = end;
         let tokens = self.pending.drain(..).map(|(t, _)| t).collect();
-        Some(Delta { text, tokens })
+        Delta { text, tokens }
     }
 }
 
@@ -230,7 +252,7 @@ mod tests {
             match dec.push(tok(b, i % 2), decode).unwrap() {
                 Step::Continue(Some(d)) => deltas.push(d),
                 Step::Continue(None) => {}
-                Step::Stopped(d) => return (deltas, Some(d)),
+                Step::Stopped(d) | Step::Limited(d) => return (deltas, Some(d)),
             }
         }
         let (last, stopped) = dec.finish(decode).unwrap();
@@ -306,7 +328,9 @@ mod tests {
                     tokens += d.tokens.len();
                 }
                 Step::Continue(None) => {}
-                Step::Stopped(d) => return (out + &d.text, true, tokens + d.tokens.len()),
+                Step::Stopped(d) | Step::Limited(d) => {
+                    return (out + &d.text, true, tokens + d.tokens.len())
+                }
             }
         }
         let (last, stopped) = dec.finish(decode).unwrap();
@@ -369,5 +393,21 @@ mod tests {
             shown(dec().including_stops(true), b"hey!"),
             ("hey!".into(), false, 4)
         );
+    }
+
+    #[test]
+    fn a_line_limit_ends_the_text_with_every_token_attributed() {
+        let limits = LineLimits {
+            min_indent: 2,
+            max_time: None,
+        };
+        // A held-back stop prefix ("X") does not delay the cut; all 8 tokens are reported.
+        let dec = ChoiceDecoder::new(StopStrings::new(vec!["XYZ".into()])).with_line_limits(limits);
+        assert_eq!(
+            shown(dec, b"a\n  bX\ncd"),
+            ("a\n  bX\n".to_string(), true, 8)
+        );
+        let dec = ChoiceDecoder::new(StopStrings::default()).with_line_limits(limits);
+        assert_eq!(shown(dec, b"a\n  b"), ("a\n  b".to_string(), false, 5));
     }
 }

@@ -120,7 +120,8 @@ impl Generation {
                 decoder: ChoiceDecoder::new(plan.stop.clone())
                     .with_stop_ids(s.stop_ids.clone())
                     .including_stops(plan.include_stops)
-                    .with_min_tokens(plan.sampling.min_tokens),
+                    .with_min_tokens(plan.sampling.min_tokens)
+                    .with_line_limits(plan.line_limits),
                 stream: Some(s),
                 cached: cached.clone(),
                 skip_special: !plan.keep_special,
@@ -254,6 +255,7 @@ impl ChoiceRun {
                     }
                     Ok(Step::Continue(None)) => continue,
                     Ok(Step::Stopped(delta)) => return self.finished(delta, "stop"),
+                    Ok(Step::Limited(delta)) => return self.finished(delta, "length"),
                     Err(e) => return self.fail(text_failure(e)),
                 },
                 Some(GenerateEvent::Finished { reason }) => {

@@ -61,6 +61,8 @@ pub struct GenerationPlan {
     pub cache_salt: Option<String>,
     /// SGLang's `rid`: `/abort_request` stops the request by it.
     pub rid: Option<String>,
+    /// llama.cpp's `n_indent` and `t_max_predict_ms` (off elsewhere).
+    pub line_limits: crate::line_limits::LineLimits,
 }
 
 impl GenerationPlan {
@@ -133,6 +135,7 @@ impl GenerationPlan {
             priority: priority(fields.priority)?,
             cache_salt: cache_salt(fields.cache_salt)?,
             rid: fields.rid,
+            line_limits: Default::default(),
         })
     }
 

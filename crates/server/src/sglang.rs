@@ -281,6 +281,7 @@ impl Params {
             cache_salt: None,
             // `/generate` registers its own rid (its answers carry it).
             rid: None,
+            line_limits: Default::default(),
         }
     }
 }

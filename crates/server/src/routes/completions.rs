@@ -1,6 +1,7 @@
 //! `POST /v1/completions`: a raw prompt (text, token ids, or a batch of either) →
 //! generation. Choice `p * n + i` is the i-th sample of prompt p, as in OpenAI. With
-//! `echo` each choice starts with its prompt (see `echo.rs`).
+//! `echo` each choice starts with its prompt (see `echo.rs`). With `suffix` the prompt is
+//! the text before an insertion and the model writes what goes between (`crate::fim`).
 
 use std::time::Instant;
 
@@ -11,6 +12,7 @@ use serde_json::Value;
 use crate::echo::{Echo, EchoedPrompt};
 use crate::error::ApiError;
 use crate::extract::{parse_value, ApiJson};
+use crate::fim::FimTokens;
 use crate::openai::request::{CommonFields, CompletionFields, PromptField};
 use crate::params::{completion_logprobs, GenerationPlan};
 use crate::prompt_logprobs;
@@ -27,10 +29,23 @@ pub async fn completions(
     let fields: CompletionFields = parse_value(&body)?;
     let model = state.resolve_model(common.model.as_deref())?;
     state.check_ready()?;
-    if fields.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
-    }
     let echo = fields.echo.unwrap_or(false);
+    let suffix = fields.suffix.filter(|s| !s.is_empty());
+    let fim = match &suffix {
+        None => None,
+        Some(_) if echo => {
+            return Err(ApiError::invalid(
+                "echo",
+                "`echo` cannot be combined with `suffix`",
+            ))
+        }
+        Some(_) => Some(FimTokens::find(state.backend.as_ref()).ok_or_else(|| {
+            ApiError::invalid(
+                "suffix",
+                "`suffix` needs a model with fill-in-the-middle tokens; this tokenizer has none",
+            )
+        })?),
+    };
     // `max_tokens: 0` with `echo`: the prompt alone (one token is generated and dropped).
     let prompt_only = echo && common.max_tokens == Some(0);
     let max_tokens = common
@@ -55,6 +70,9 @@ pub async fn completions(
     }
     prompt_logprobs::ask(&mut plan, shown_prompt_logprobs, &state)?;
     let context = plan.model.context_length;
+    if let Some(tokens) = &fim {
+        plan.stop_token_ids.extend(tokens.stop_ids());
+    }
     // Each prompt's ids, and its text when it came as text (what `echo` shows).
     let prompts: Vec<(Vec<u32>, Option<String>)> = match fields.prompt {
         PromptField::Text(text) => vec![(
@@ -88,7 +106,20 @@ pub async fn completions(
         true => Some(echoed(&state, &prompts, plan.n, prompt_only)?),
         false => None,
     };
-    let ids = prompts.into_iter().map(|(ids, _)| ids).collect();
+    let mut ids: Vec<Vec<u32>> = prompts.into_iter().map(|(ids, _)| ids).collect();
+    if let (Some(tokens), Some(suffix)) = (&fim, suffix) {
+        // The prompt is the text before the cursor: `[PRE]prompt[SUF]suffix[MID]`.
+        let suffix = state.encode_prompt(suffix, context).await?;
+        for prompt in &mut ids {
+            let mut wrapped = Vec::with_capacity(prompt.len() + suffix.len() + 3);
+            wrapped.push(tokens.prefix);
+            wrapped.append(prompt);
+            wrapped.push(tokens.suffix);
+            wrapped.extend(&suffix);
+            wrapped.push(tokens.middle);
+            *prompt = wrapped;
+        }
+    }
     respond(&state, plan, Kind::Completion, ids, arrival, echo).await
 }
 

@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod completions;
 pub mod generate;
+pub mod llama;
 pub mod misc;
 pub mod models;
 pub mod responses;
@@ -45,6 +46,9 @@ pub fn build(state: AppState) -> Router {
         .route("/metrics", get(misc::metrics))
         .route("/version", get(misc::version))
         .route("/generate", post(generate::generate))
+        .route("/completion", post(llama::completion))
+        .route("/completions", post(llama::completion))
+        .route("/infill", post(llama::infill))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .merge(crate::web::routes())

@@ -253,7 +253,13 @@ async fn api_key_guards_v1_and_generate_only() {
             "{guarded}"
         );
     }
-    for guarded in ["/reset_prefix_cache", "/abort_request"] {
+    for guarded in [
+        "/reset_prefix_cache",
+        "/abort_request",
+        "/completion",
+        "/completions",
+        "/infill",
+    ] {
         assert_eq!(
             send(app.clone(), post(guarded, "{}")).await.status(),
             StatusCode::UNAUTHORIZED,

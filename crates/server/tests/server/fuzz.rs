@@ -38,6 +38,9 @@ const PATHS: &[&str] = &[
     "/flush_cache",
     "/reset_prefix_cache",
     "/abort_request",
+    "/completion",
+    "/completions",
+    "/infill",
     "/v1/chat/completions/",
     "/v2/x",
     "/",
@@ -153,6 +156,18 @@ const FIELDS: &[&str] = &[
     "structured_outputs",
     "tokens",
     "add_generation_prompt",
+    "n_predict",
+    "n_probs",
+    "input_prefix",
+    "input_suffix",
+    "input_extra",
+    "n_indent",
+    "t_max_predict_ms",
+    "response_fields",
+    "return_tokens",
+    "json_schema",
+    "grammar",
+    "mirostat",
 ];
 
 fn body(rng: &mut StdRng) -> Vec<u8> {
@@ -161,10 +176,10 @@ fn body(rng: &mut StdRng) -> Vec<u8> {
         let n = rng.random_range(0..200);
         return (0..n).map(|_| rng.random::<u8>()).collect();
     }
-    let mut v = if rng.random_bool(0.5) {
-        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-    } else {
-        json!({"prompt": "hi", "max_tokens": 4})
+    let mut v = match rng.random_range(0..5) {
+        0 | 1 => json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+        2 | 3 => json!({"prompt": "hi", "max_tokens": 4}),
+        _ => json!({"input_prefix": "def f():\n", "input_suffix": "\n", "n_predict": 4}),
     };
     for _ in 0..rng.random_range(0..5) {
         let field = *pick(rng, FIELDS);

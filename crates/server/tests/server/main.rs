@@ -11,6 +11,7 @@ mod endpoints;
 mod errors;
 mod fuzz;
 mod generate;
+mod llama;
 mod mock;
 mod openai_client;
 mod reasoning;

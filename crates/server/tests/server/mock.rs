@@ -23,12 +23,23 @@ use tokenrouter_api::{
 use tokio::sync::{mpsc, Notify};
 
 pub const EOS: u32 = 256;
-const SPECIALS: [(&str, u32); 3] = [
+const SPECIALS: [(&str, u32); 9] = [
     ("<|endoftext|>", 256),
     ("<|im_start|>", 257),
     ("<|im_end|>", 258),
+    ("<|fim_prefix|>", FIM_PREFIX),
+    ("<|fim_middle|>", FIM_MIDDLE),
+    ("<|fim_suffix|>", FIM_SUFFIX),
+    ("<|fim_pad|>", 262),
+    ("<|repo_name|>", FIM_REPO),
+    ("<|file_sep|>", FIM_FILE_SEP),
 ];
-
+/// Qwen2.5-Coder's fill-in-the-middle tokens (`/infill`, `suffix`).
+pub const FIM_PREFIX: u32 = 259;
+pub const FIM_MIDDLE: u32 = 260;
+pub const FIM_SUFFIX: u32 = 261;
+pub const FIM_REPO: u32 = 263;
+pub const FIM_FILE_SEP: u32 = 264;
 /// What the mock generates and how it behaves.
 #[derive(Clone, Debug)]
 pub struct MockConfig {
@@ -45,6 +56,8 @@ pub struct MockConfig {
     /// Answer like a tool-using model: a prompt listing tools (`<tools>`) and no tool
     /// result yet gets a `<tool_call>` of the first tool with `{"city": "Paris"}`.
     pub calls_tools: bool,
+    /// The tokenizer knows the FIM tokens (a model without them refuses `/infill`).
+    pub fim: bool,
 }
 
 impl Default for MockConfig {
@@ -65,6 +78,7 @@ impl Default for MockConfig {
             max_running: None,
             error_at: None,
             calls_tools: false,
+            fim: true,
         }
     }
 }
@@ -181,6 +195,9 @@ impl Backend for MockBackend {
         let mut rest = text;
         'outer: while !rest.is_empty() {
             for (name, id) in SPECIALS {
+                if id >= FIM_PREFIX && !self.cfg.fim {
+                    continue;
+                }
                 if let Some(after) = rest.strip_prefix(name) {
                     ids.push(id);
                     rest = after;

@@ -1,0 +1,393 @@
+//! llama.cpp's native endpoints over the mock: `/completion` (prompt forms, llama.cpp's
+//! sampling defaults, `n_predict`, stop words, `n_probs`, `logit_bias` lists,
+//! `response_fields`, streaming without `[DONE]`), `/infill` (the fill-in-the-middle prompt
+//! with repository context, its end tokens, its field checks) and OpenAI's `suffix` on
+//! `/v1/completions`.
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::{app, error_of, mock, post, post_json, send, sse_data, text};
+use crate::mock::{
+    MockBackend, MockConfig, FIM_FILE_SEP, FIM_MIDDLE, FIM_PREFIX, FIM_REPO, FIM_SUFFIX,
+};
+
+const SCRIPT: &str = "Hello, world! The answer is 42. é日本🙂 END of story.";
+
+fn bytes(text: &str) -> Vec<u32> {
+    text.bytes().map(u32::from).collect()
+}
+
+#[tokio::test]
+async fn completion_answers_in_llama_cpp_shape_with_its_sampling_defaults() {
+    let m = mock();
+    let (status, out) = post_json(app(&m), "/completion", json!({"prompt": "abc"})).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["content"], SCRIPT);
+    assert_eq!(out["stop"], true);
+    assert_eq!(out["stop_type"], "eos");
+    assert_eq!(out["stopping_word"], "");
+    assert_eq!(out["model"], "tokenrouter");
+    assert_eq!(out["tokens_evaluated"], 3);
+    assert_eq!(out["prompt"], "abc");
+    assert_eq!(out["has_new_line"], false);
+    assert_eq!(out["truncated"], false);
+    assert_eq!(out["tokens"], json!([]));
+    // The script's bytes and the mock's EOS.
+    let predicted = out["tokens_predicted"].as_u64().unwrap();
+    assert_eq!(predicted, SCRIPT.len() as u64 + 1);
+    let timings = &out["timings"];
+    assert_eq!(timings["prompt_n"], 3);
+    assert_eq!(timings["predicted_n"], predicted);
+    assert!(timings["predicted_ms"].as_f64().unwrap() >= 0.0);
+    let by_model = &out["tokenrouter"]["tokens_by_model"];
+    assert_eq!(
+        by_model["quick"].as_u64().unwrap() + by_model["reference"].as_u64().unwrap(),
+        predicted
+    );
+    assert_eq!(out["generation_settings"]["n_predict"], -1);
+    let sent = m.log().submitted[0].clone();
+    assert_eq!(sent.prompt_ids, bytes("abc"));
+    assert_eq!((sent.sampling.temperature, sent.sampling.top_k), (0.8, 40));
+    assert_eq!((sent.sampling.top_p, sent.sampling.min_p), (0.95, 0.05));
+    assert_eq!(sent.max_tokens, None);
+    assert_eq!(sent.pinned_model, None);
+}
+
+#[tokio::test]
+async fn n_predict_stop_words_and_pinning_end_and_place_the_answer() {
+    let m = mock();
+    let (_, out) = post_json(
+        app(&m),
+        "/completion",
+        json!({"prompt": "x", "n_predict": 5, "temperature": 0, "top_k": 0, "model": "quick"}),
+    )
+    .await;
+    assert_eq!(out["content"], SCRIPT[..5]);
+    assert_eq!(out["stop_type"], "limit");
+    assert_eq!(out["model"], "quick");
+    let sent = m.log().submitted[0].clone();
+    assert_eq!((sent.max_tokens, sent.pinned_model), (Some(5), Some(0)));
+    assert_eq!((sent.sampling.temperature, sent.sampling.top_k), (0.0, 0));
+
+    let (_, out) = post_json(
+        app(&m),
+        "/completions",
+        json!({"prompt": "x", "stop": ["world", "zzz"], "max_tokens": 40}),
+    )
+    .await;
+    assert_eq!(out["content"], "Hello, ");
+    assert_eq!(out["stop_type"], "word");
+    assert_eq!(out["stopping_word"], "world");
+    assert_eq!(m.log().submitted[1].max_tokens, Some(40));
+}
+
+#[tokio::test]
+async fn prompts_may_mix_ids_and_text_or_come_as_a_batch() {
+    let m = mock();
+    let (status, out) = post_json(
+        app(&m),
+        "/completion",
+        json!({"prompt": [104, "i", 33], "n_predict": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(m.log().submitted[0].prompt_ids, bytes("hi!"));
+    assert_eq!(out["prompt"], "hi!");
+
+    let (status, out) = post_json(
+        app(&m),
+        "/completion",
+        json!({"prompt": ["ab", [99, 100, 101]], "n_predict": 3}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let list = out.as_array().unwrap();
+    assert_eq!(list.len(), 2);
+    for (i, answer) in list.iter().enumerate() {
+        assert_eq!(answer["index"], i);
+        assert_eq!(answer["content"], SCRIPT[..3]);
+        assert_eq!(answer["tokens_evaluated"], 2 + i);
+    }
+    let log = m.log();
+    assert_eq!(log.submitted[1].prompt_ids, bytes("ab"));
+    assert_eq!(log.submitted[2].prompt_ids, bytes("cde"));
+}
+
+#[tokio::test]
+async fn streaming_sends_new_text_then_the_final_answer_without_done() {
+    let m = mock();
+    let resp = send(
+        app(&m),
+        post(
+            "/completion",
+            json!({"prompt": "a", "stream": true, "n_predict": 12, "return_tokens": true})
+                .to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let data = sse_data(&text(resp).await);
+    assert!(!data.iter().any(|d| d == "[DONE]"), "{data:?}");
+    let events: Vec<Value> = data
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let (last, partial) = events.split_last().unwrap();
+    assert!(partial.iter().all(|e| e["stop"] == false));
+    let streamed: String = partial
+        .iter()
+        .map(|e| e["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, SCRIPT[..12]);
+    let ids: Vec<u64> = partial
+        .iter()
+        .flat_map(|e| e["tokens"].as_array().unwrap().clone())
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 12);
+    assert_eq!(
+        partial.last().unwrap()["tokens_predicted"],
+        12,
+        "{partial:?}"
+    );
+    assert_eq!(last["stop"], true);
+    assert_eq!(last["content"], "");
+    assert_eq!(last["stop_type"], "limit");
+    assert_eq!(last["tokens_predicted"], 12);
+}
+
+#[tokio::test]
+async fn n_probs_gives_completion_probabilities_with_alternatives() {
+    let m = mock();
+    let (status, out) = post_json(
+        app(&m),
+        "/completion",
+        json!({"prompt": "a", "n_predict": 4, "n_probs": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let probs = out["completion_probabilities"].as_array().unwrap();
+    assert_eq!(probs.len(), 4);
+    assert_eq!(probs[0]["token"], "H");
+    assert_eq!(probs[0]["id"], u32::from(b'H'));
+    assert_eq!(probs[0]["bytes"], json!([b'H']));
+    assert!(probs[0]["logprob"].as_f64().unwrap() < 0.0);
+    assert_eq!(probs[0]["top_logprobs"].as_array().unwrap().len(), 2);
+    assert_eq!(m.log().submitted[0].top_logprobs, 2);
+}
+
+#[tokio::test]
+async fn logit_bias_reads_llama_cpp_lists_and_openai_objects() {
+    let m = mock();
+    let body = json!({"prompt": "a", "n_predict": 1,
+        "logit_bias": [[65, 1.5], [66, false], ["hi", -2.0]]});
+    let (status, out) = post_json(app(&m), "/completion", body).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(
+        m.log().submitted[0].sampling.logit_bias,
+        [(65, 1.5), (66, -100.0), (104, -2.0), (105, -2.0)]
+    );
+    let body = json!({"prompt": "a", "n_predict": 1, "logit_bias": {"67": 3}});
+    post_json(app(&m), "/completion", body).await;
+    assert_eq!(m.log().submitted[1].sampling.logit_bias, [(67, 3.0)]);
+    for bad in [
+        json!([[65]]),
+        json!([[{"a": 1}, 1]]),
+        json!("x"),
+        json!({"x": 1}),
+    ] {
+        let body = json!({"prompt": "a", "logit_bias": bad});
+        let (status, out) = post_json(app(&m), "/completion", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(error_of(&out)["param"], "logit_bias");
+    }
+}
+
+#[tokio::test]
+async fn response_fields_reduce_the_answer_to_their_paths() {
+    let body = json!({"prompt": "a", "n_predict": 2,
+        "response_fields": ["content", "timings/prompt_n", "truncated"]});
+    let (_, out) = post_json(app(&mock()), "/completion", body).await;
+    assert_eq!(
+        out,
+        json!({"content": SCRIPT[..2], "timings/prompt_n": 1, "truncated": false})
+    );
+}
+
+#[tokio::test]
+async fn samplers_we_lack_and_bad_values_are_refused_by_name() {
+    let m = mock();
+    for (body, param) in [
+        (json!({"prompt": "a", "mirostat": 2}), "mirostat"),
+        (
+            json!({"prompt": "a", "dry_multiplier": 0.8}),
+            "dry_multiplier",
+        ),
+        (json!({"prompt": "a", "typical_p": 0.5}), "typical_p"),
+        (
+            json!({"prompt": "a", "grammar": "root ::= \"a\""}),
+            "grammar",
+        ),
+        (json!({"prompt": "a", "n_probs": 1000}), "n_probs"),
+        (json!({"prompt": "a", "n_predict": 0}), "n_predict"),
+        (json!({"prompt": {"a": 1}}), "prompt"),
+        (json!({"n_predict": 3}), "prompt"),
+        (json!({"prompt": "a", "json_schema": "x"}), "json_schema"),
+    ] {
+        let (status, out) = post_json(app(&m), "/completion", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {out}");
+        assert_eq!(error_of(&out)["param"], param, "{body}");
+    }
+    // Defaults sent explicitly, and bookkeeping keys, are fine.
+    let body = json!({"prompt": "a", "n_predict": 1, "mirostat": 0, "typical_p": 1.0,
+        "cache_prompt": true, "id_slot": -1, "samplers": ["top_k"], "t_max_predict_ms": 500});
+    let (status, out) = post_json(app(&m), "/completion", body).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert!(m.log().submitted.len() == 1);
+}
+
+#[tokio::test]
+async fn infill_builds_the_repository_level_fim_prompt() {
+    // Room for the other files: beyond one 2,048-token batch and twice the output.
+    let mut cfg = MockConfig::default();
+    for model in &mut cfg.models {
+        model.context_length = 4096;
+    }
+    let m = MockBackend::new(cfg);
+    let body = json!({
+        "input_prefix": "def f(x):\n    ",
+        "input_suffix": "\n    return y\n",
+        "input_extra": [{"filename": "a.py", "text": "K = 3\n"}],
+        "prompt": "y",
+        "n_predict": 8,
+    });
+    let (status, out) = post_json(app(&m), "/infill", body).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["content"], SCRIPT[..8]);
+    let sent = m.log().submitted[0].clone();
+    let mut want = vec![FIM_REPO];
+    want.extend(bytes("myproject\n"));
+    want.push(FIM_FILE_SEP);
+    want.extend(bytes("a.py\nK = 3\n"));
+    want.push(FIM_FILE_SEP);
+    want.extend(bytes("filename\n"));
+    want.push(FIM_PREFIX);
+    want.extend(bytes("def f(x):\n    "));
+    want.push(FIM_SUFFIX);
+    want.extend(bytes("\n    return y\n"));
+    want.push(FIM_MIDDLE);
+    want.extend(bytes("y"));
+    assert_eq!(sent.prompt_ids, want);
+    // Padding, a repository name or a new file end the middle.
+    assert_eq!(sent.stop_token_ids, [262, FIM_REPO, FIM_FILE_SEP]);
+}
+
+#[tokio::test]
+async fn infill_checks_its_fields_and_the_model() {
+    let m = mock();
+    for (body, param) in [
+        (json!({"input_suffix": ""}), "input_prefix"),
+        (json!({"input_prefix": ""}), "input_suffix"),
+        (
+            json!({"input_prefix": 1, "input_suffix": ""}),
+            "input_prefix",
+        ),
+        (
+            json!({"input_prefix": "", "input_suffix": "", "input_extra": {"a": 1}}),
+            "input_extra",
+        ),
+        (
+            json!({"input_prefix": "", "input_suffix": "", "input_extra": [{"text": 5}]}),
+            "input_extra",
+        ),
+        (
+            json!({"input_prefix": "", "input_suffix": "", "prompt": [1, 2]}),
+            "prompt",
+        ),
+    ] {
+        let (status, out) = post_json(app(&m), "/infill", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {out}");
+        assert_eq!(error_of(&out)["param"], param, "{body}");
+    }
+    let plain = MockBackend::new(MockConfig {
+        fim: false,
+        ..MockConfig::default()
+    });
+    let body = json!({"input_prefix": "a", "input_suffix": "b"});
+    let (status, out) = post_json(app(&plain), "/infill", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error_of(&out)["message"]
+            .as_str()
+            .unwrap()
+            .contains("fill-in-the-middle"),
+        "{out}"
+    );
+    assert!(plain.log().submitted.is_empty());
+}
+
+#[tokio::test]
+async fn openai_suffix_makes_a_fim_prompt() {
+    let m = mock();
+    let body =
+        json!({"prompt": "def add(a, b):\n", "suffix": "\nprint(add(1, 2))", "max_tokens": 4});
+    let (status, out) = post_json(app(&m), "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["choices"][0]["text"], SCRIPT[..4]);
+    let sent = m.log().submitted[0].clone();
+    let mut want = vec![FIM_PREFIX];
+    want.extend(bytes("def add(a, b):\n"));
+    want.push(FIM_SUFFIX);
+    want.extend(bytes("\nprint(add(1, 2))"));
+    want.push(FIM_MIDDLE);
+    assert_eq!(sent.prompt_ids, want);
+    assert_eq!(sent.stop_token_ids, [262, FIM_REPO, FIM_FILE_SEP]);
+
+    let body = json!({"prompt": "a", "suffix": "b", "echo": true});
+    let (status, out) = post_json(app(&m), "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_of(&out)["param"], "echo");
+    let plain = MockBackend::new(MockConfig {
+        fim: false,
+        ..MockConfig::default()
+    });
+    let body = json!({"prompt": "a", "suffix": "b"});
+    let (status, out) = post_json(app(&plain), "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_of(&out)["param"], "suffix");
+    // An empty suffix is no suffix.
+    let body = json!({"prompt": "a", "suffix": "", "max_tokens": 1});
+    let (status, _) = post_json(app(&plain), "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn n_indent_and_t_max_predict_ms_end_an_infill_at_a_line() {
+    let m = MockBackend::new(MockConfig {
+        script: "a = 1\n    b = 2\nc = 3\n".into(),
+        token_delay: std::time::Duration::from_millis(2),
+        ..MockConfig::default()
+    });
+    let body = json!({"input_prefix": "def f():\n    ", "input_suffix": "", "n_indent": 4});
+    let (status, out) = post_json(app(&m), "/infill", body).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["content"], "a = 1\n    b = 2\n");
+    assert_eq!(out["stop_type"], "limit");
+    // The rest is not written: the engine request is dropped.
+    let dropped = m
+        .wait_for(std::time::Duration::from_secs(5), |log| {
+            log.aborted.len() == 1
+        })
+        .await;
+    assert!(dropped);
+
+    let body = json!({"input_prefix": "", "input_suffix": "", "t_max_predict_ms": 1});
+    let (_, out) = post_json(app(&m), "/infill", body).await;
+    assert_eq!(out["content"], "a = 1\n");
+    assert_eq!(out["stop_type"], "limit");
+    // Neither limit reaches the OpenAI endpoints' answers.
+    let body = json!({"prompt": "x", "n_indent": 4});
+    let (_, out) = post_json(app(&m), "/v1/completions", body).await;
+    assert_eq!(out["choices"][0]["text"], "a = 1\n    b = 2\nc = 3\n");
+}
