@@ -355,3 +355,99 @@ async fn eval_runs_every_variant_and_resumes() {
     engine.shutdown();
     random_engine.shutdown();
 }
+
+/// A model's greedy fill-in-the-middle answer through OpenAI's `suffix`.
+async fn greedy_infill(url: &str, model: &str, i: usize) -> String {
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/completions"))
+        .json(
+            &json!({"model": model, "prompt": format!("def f{i}(x):\n    y = "),
+            "suffix": "\n    return y\n", "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "seed": 0, "stop": ["\n"]}),
+        )
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.expect("json");
+    body["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_string()
+}
+
+/// Fill-in-the-middle problems (a JSONL `suffix`) go to `/v1/completions` with the suffix,
+/// on the real engine and tokenizer: each model passes the problem whose reference is its
+/// own answer; the infill scorer runs prefix, answer and suffix as one program.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_fills_in_the_middle_through_the_suffix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pair = write_pair(dir.path());
+    let rstitch = config(
+        dir.path(),
+        &pair,
+        "rstitch_slm",
+        "rstitch_llm",
+        "{threshold: 0.5}",
+    );
+    let (url, engine, stop) = serve(&rstitch).await;
+    let small = greedy_infill(&url, "quick", 0).await;
+    let large = greedy_infill(&url, "reference", 1).await;
+    let rows = [
+        json!({"id": "s", "prompt": "def f0(x):\n    y = ", "suffix": "\n    return y\n",
+            "answer": small}),
+        json!({"id": "l", "prompt": "def f1(x):\n    y = ", "suffix": "\n    return y\n",
+            "answer": large}),
+        // Scored by running it: `y = 3` makes f2(1) == 3.
+        json!({"id": "t", "prompt": "def f2(x):\n    y = ", "suffix": "\n    return y\n",
+            "scorer": "test", "test": "assert f2(1) == 3"}),
+    ];
+    let data = dir.path().join("infill.jsonl");
+    let lines: Vec<String> = rows.iter().map(Value::to_string).collect();
+    std::fs::write(&data, lines.join("\n")).expect("write data");
+    let out = dir.path().join("out");
+    let args = {
+        use clap::Parser;
+        tokenrouter_eval::EvalArgs::parse_from([
+            "eval",
+            "--url",
+            &url,
+            "--dataset",
+            data.to_str().expect("utf-8 path"),
+            "--variants",
+            "small,large",
+            "--max-tokens",
+            &MAX_TOKENS.to_string(),
+            "--stop",
+            "\n",
+            "--no-progress",
+            "--out-dir",
+            out.to_str().expect("utf-8 path"),
+        ])
+    };
+    tokenrouter_eval::run(args).await.expect("eval runs");
+    let problems = std::fs::read_to_string(out.join("problems.jsonl")).expect("problems");
+    let results: Vec<Value> = problems
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    let passed = |variant: &str, task: &str| {
+        results
+            .iter()
+            .find(|r| r["variant"] == variant && r["task_id"] == task)
+            .unwrap_or_else(|| panic!("{variant} {task} in {problems}"))["passed"]
+            .as_bool()
+            .expect("passed")
+    };
+    assert!(passed("small", "s"));
+    assert!(passed("large", "l"));
+    // Random tiny models do not write `3`: the program runs and fails its assertion.
+    let t = results
+        .iter()
+        .find(|r| r["variant"] == "small" && r["task_id"] == "t")
+        .expect("t");
+    assert_eq!(t["passed"], false, "{t}");
+    assert!(t["exec_status"].is_string(), "{t}");
+    let _ = stop.send(());
+    engine.shutdown();
+}

@@ -1,5 +1,5 @@
-//! One chat completion against any OpenAI-compatible server, non-streamed, greedy by
-//! default. Reads the standard fields and, when present, tokenrouter's extensions: tokens
+//! One chat completion (or a fill-in-the-middle completion) against any OpenAI-compatible
+//! server, non-streamed, greedy by default. Reads the standard fields and, when present, tokenrouter's extensions: tokens
 //! by model, switches and per-token details (which model wrote each token), so the same
 //! harness scores llama.cpp's or vLLM's server (where the share is then unknown).
 
@@ -97,31 +97,38 @@ impl Client {
         messages: &[Value],
         spec: &RequestSpec,
     ) -> Result<Answer, String> {
-        let url = format!("{}/v1/chat/completions", api_root(base));
-        let mut body = json!({
-            "model": spec.model,
-            "messages": messages,
-            "max_tokens": spec.max_tokens,
-            "temperature": spec.temperature,
-            // Per problem, so seeded random routing draws independent positions per request
-            // (greedy decoding does not depend on it).
-            "seed": spec.seed,
-        });
-        if !spec.stop.is_empty() {
-            body["stop"] = json!(spec.stop);
-        }
-        if !spec.routing.is_empty() {
-            body["routing"] = json!(spec.routing);
-        }
+        let mut body = spec.body();
+        body["messages"] = json!(messages);
         if let Some(k) = spec.top_logprobs {
             body["logprobs"] = json!(true);
             body["top_logprobs"] = json!(k);
         }
-        if spec.token_details {
-            body["return_token_sources"] = json!(true);
+        self.post(&format!("{}/v1/chat/completions", api_root(base)), body)
+            .await
+    }
+
+    /// Fill in the middle: `/v1/completions` with `prefix` as the prompt and `suffix` (the
+    /// server builds the model's fill-in-the-middle prompt; ours, OpenAI's legacy models).
+    pub async fn infill(
+        &self,
+        base: &str,
+        prefix: &str,
+        suffix: &str,
+        spec: &RequestSpec,
+    ) -> Result<Answer, String> {
+        let mut body = spec.body();
+        body["prompt"] = json!(prefix);
+        body["suffix"] = json!(suffix);
+        if let Some(k) = spec.top_logprobs {
+            body["logprobs"] = json!(k);
         }
+        self.post(&format!("{}/v1/completions", api_root(base)), body)
+            .await
+    }
+
+    async fn post(&self, url: &str, body: Value) -> Result<Answer, String> {
         let start = Instant::now();
-        let mut req = self.http.post(&url).json(&body);
+        let mut req = self.http.post(url).json(&body);
         if let Some(k) = &self.api_key {
             req = req.bearer_auth(k);
         }
@@ -138,6 +145,30 @@ impl Client {
         let mut answer = parse_answer(&v)?;
         answer.latency_s = latency_s;
         Ok(answer)
+    }
+}
+
+impl RequestSpec {
+    /// The fields every request carries.
+    fn body(&self) -> Value {
+        let mut body = json!({
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            // Per problem, so seeded random routing draws independent positions per request
+            // (greedy decoding does not depend on it).
+            "seed": self.seed,
+        });
+        if !self.stop.is_empty() {
+            body["stop"] = json!(self.stop);
+        }
+        if !self.routing.is_empty() {
+            body["routing"] = json!(self.routing);
+        }
+        if self.token_details {
+            body["return_token_sources"] = json!(true);
+        }
+        body
     }
 }
 
@@ -160,8 +191,10 @@ pub fn parse_answer(v: &Value) -> Result<Answer, String> {
             clip(&v.to_string())
         ));
     }
+    // A chat answer's message, or a completion's text.
     let text = choice["message"]["content"]
         .as_str()
+        .or(choice["text"].as_str())
         .unwrap_or("")
         .to_string();
     let tokens: Vec<TokenSource> = choice["token_details"]
@@ -177,19 +210,32 @@ pub fn parse_answer(v: &Value) -> Result<Answer, String> {
                 .collect()
         })
         .unwrap_or_default();
-    let top_logprobs = choice["logprobs"]["content"]
-        .as_array()
-        .map(|a| {
+    let chat_top = choice["logprobs"]["content"].as_array().map(|a| {
+        a.iter()
+            .map(|t| {
+                t["top_logprobs"]
+                    .as_array()
+                    .map(|alts| alts.iter().filter_map(|x| x["logprob"].as_f64()).collect())
+                    .unwrap_or_default()
+            })
+            .collect()
+    });
+    // Completions' legacy shape: per token a map from token text to logprob.
+    let legacy_top = || {
+        choice["logprobs"]["top_logprobs"].as_array().map(|a| {
             a.iter()
-                .map(|t| {
-                    t["top_logprobs"]
-                        .as_array()
-                        .map(|alts| alts.iter().filter_map(|x| x["logprob"].as_f64()).collect())
-                        .unwrap_or_default()
+                .map(|alts| {
+                    let mut lps: Vec<f64> = alts
+                        .as_object()
+                        .map(|m| m.values().filter_map(Value::as_f64).collect())
+                        .unwrap_or_default();
+                    lps.sort_by(|x, y| y.total_cmp(x));
+                    lps
                 })
                 .collect()
         })
-        .unwrap_or_default();
+    };
+    let top_logprobs = chat_top.or_else(legacy_top).unwrap_or_default();
     let tokens_by_model = v["tokenrouter"]["tokens_by_model"].as_object().map(|m| {
         m.iter()
             .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
@@ -232,6 +278,12 @@ mod tests {
         assert_eq!((a.tokens_by_model, a.switches), (None, None));
         assert_eq!(a.finish_reason.as_deref(), Some("length"));
         assert!(parse_answer(&json!({"choices": []})).is_err());
+        let completion = json!({"choices": [{"text": "    return x", "finish_reason": "stop",
+            "logprobs": {"top_logprobs": [{"a": -2.0, "b": -0.5}]}}],
+            "usage": {"completion_tokens": 3}});
+        let a = parse_answer(&completion).expect("parse");
+        assert_eq!(a.text, "    return x");
+        assert_eq!(a.top_logprobs, vec![vec![-0.5, -2.0]]);
         assert_eq!(api_root("http://h:1/v1/"), "http://h:1");
     }
 }

