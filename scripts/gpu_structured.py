@@ -13,8 +13,8 @@ With `--switch sampling` the two servers differ instead in where sampled rows dr
 and the load is sampled (`--temperature`, `--top-p`, a seed per request).
 
 With `--switch greedy` (and temperature 0) an all-greedy batch is picked by the sampling
-kernel (`TOKENROUTER_SAMPLING=device`, the "device" column) or by candle's argmax ops on the
-GPU (`auto`, the default: the "host" column).
+kernel (`TOKENROUTER_SAMPLING=auto`, the default: the "device" column) or by candle's argmax
+ops on the GPU (`host`: the "host" column).
 
 Usage: python3 scripts/gpu_structured.py --bin BIN [--concurrency 1 16 64] [--out DIR]
            [--switch masks|sampling|greedy] [--temperature 0] [--top-p 1] [--constraints free ...]
@@ -48,11 +48,11 @@ CONSTRAINTS = {
     "restricted": {"min_tokens": 96, "stop_token_ids": [11], "bad_words": ["def", " return", "import"]},
 }
 # Per switch: the variable, and its value on the device and on the host.
-# "greedy": an all-greedy batch picked by the sampling kernel ("device") vs candle's argmax
-# ops on the GPU ("host" column: `auto`, the default).
+# "greedy": an all-greedy batch picked by the sampling kernel ("device": `auto`, the default)
+# vs candle's argmax ops on the GPU ("host").
 SWITCHES = {"masks": ("TOKENROUTER_DEVICE_MASKS", {"device": "1", "host": "0"}),
             "sampling": ("TOKENROUTER_SAMPLING", {"device": "device", "host": "host"}),
-            "greedy": ("TOKENROUTER_SAMPLING", {"device": "device", "host": "auto"})}
+            "greedy": ("TOKENROUTER_SAMPLING", {"device": "auto", "host": "host"})}
 
 
 def mask_stats(port):

@@ -55,13 +55,13 @@ pub enum Sampling {
     /// `device` on a GPU, `host` on a CPU.
     #[default]
     Auto,
-    /// Each request's sampler on the host, over all the step's logits copied there.
+    /// Each request's sampler on the host, over all the step's logits copied there; on a
+    /// GPU an all-greedy batch is picked by candle's argmax ops there.
     Host,
     /// Every row that can (at most `race::TOP_MAX` top logprobs, a token mask only with
     /// `device_masks`) draws where the logits are (`sampling::race`, penalties and bias as
     /// sparse adjustments: a few numbers per row reach the host); the others on the host.
-    /// An all-greedy batch too (`auto` picks it with candle's argmax ops). On a CPU: the
-    /// GPU's algorithm, to compare with it.
+    /// An all-greedy batch too. On a CPU: the GPU's algorithm, to compare with it.
     Device,
 }
 

@@ -79,10 +79,10 @@ impl SubServer {
         let model = self.runner.model();
         let gpu = !model.device().is_cpu();
         let kernels = *model.kernels();
-        // An all-greedy batch takes candle's argmax on the GPU, unless `sampling: device`
-        // sends every row through the sampling kernel (to compare the two).
+        // With `sampling: host`, an all-greedy batch takes candle's argmax ops on the GPU;
+        // otherwise the sampling kernel picks it (0.17-0.3 ms a step faster on an H100).
         let on_device = gpu
-            && kernels.sampling != Sampling::Device
+            && kernels.sampling == Sampling::Host
             && self.needs.no_logits
             && self.running.iter().all(|r| {
                 r.top_logprobs == 0
