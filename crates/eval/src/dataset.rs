@@ -134,7 +134,7 @@ pub fn load_humaneval_infill_gz(path: &Path) -> Result<Vec<Problem>, EvalError> 
         .iter()
         .flat_map(single_line_infills)
         .collect();
-    tasks.sort_by_key(|p| fnv1a(&p.id));
+    tasks.sort_by_key(|p| shuffle_key(&p.id));
     Ok(tasks)
 }
 
@@ -167,10 +167,15 @@ fn single_line_infills(row: &HumanEvalRow) -> Vec<Problem> {
     out
 }
 
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+/// A stable shuffle key: FNV-1a of the id, then splitmix64's finaliser (FNV alone keeps ids
+/// that differ in their last byte next to each other).
+fn shuffle_key(text: &str) -> u64 {
+    let mut h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    });
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
 }
 
 fn read_humaneval_gz(path: &Path) -> Result<Vec<HumanEvalRow>, EvalError> {
@@ -370,6 +375,20 @@ mod tests {
         };
         let content = messages[0]["content"].as_str().expect("content");
         assert!(content.starts_with(HUMANEVAL_INSTRUCTION) && content.contains("def f():"));
+    }
+
+    #[test]
+    fn the_shuffle_spreads_neighbouring_ids() {
+        let mut ids: Vec<String> = (0..40)
+            .map(|i| format!("HumanEval/{}/L{}", i / 8, i % 8))
+            .collect();
+        ids.sort_by_key(|id| shuffle_key(id));
+        let first: Vec<&str> = ids[..8]
+            .iter()
+            .map(|id| id.split('/').nth(1).unwrap())
+            .collect();
+        let distinct: std::collections::BTreeSet<&str> = first.iter().copied().collect();
+        assert!(distinct.len() >= 3, "{ids:?}");
     }
 
     #[test]
