@@ -251,7 +251,7 @@ fn truncation(value: Option<i64>) -> Result<Option<i64>, ApiError> {
 
 /// `routing`: an object of finite numbers (which keys and ranges are allowed is the
 /// engine's decision: it knows the policies that will serve the request).
-fn routing_overrides(
+pub(crate) fn routing_overrides(
     routing: Option<&serde_json::Map<String, serde_json::Value>>,
 ) -> Result<RoutingOverrides, ApiError> {
     let mut out = RoutingOverrides::default();

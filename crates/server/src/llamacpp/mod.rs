@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
-use tokenrouter_api::{Backend, OutputConstraint, RoutingOverrides, SamplingParams};
+use tokenrouter_api::{Backend, OutputConstraint, SamplingParams};
 
 use crate::error::ApiError;
 use crate::line_limits::LineLimits;
@@ -157,14 +157,12 @@ const TOP_P: f32 = 0.95;
 const MIN_P: f32 = 0.05;
 
 impl Body {
-    /// The plan every prompt of the request shares. `extra_stop_ids` end the answer beside
-    /// the model's EOS (a fill-in-the-middle model's end-of-file tokens).
+    /// The plan every prompt of the request shares.
     pub fn plan(
         &self,
         model: ModelChoice,
         backend: &dyn Backend,
         max_top_logprobs: usize,
-        extra_stop_ids: Vec<u32>,
     ) -> Result<GenerationPlan, ApiError> {
         self.refuse_unsupported()?;
         let n_predict = self.n_predict.or(self.max_tokens).unwrap_or(-1);
@@ -211,21 +209,7 @@ impl Body {
                 ))
             }
         };
-        let mut routing = RoutingOverrides::default();
-        for (key, value) in self.routing.iter().flatten() {
-            let param = format!("routing.{}", crate::error::truncate_for_echo(key));
-            match value.as_f64().filter(|v| v.is_finite()) {
-                Some(v) => {
-                    routing.0.insert(key.clone(), v);
-                }
-                None => {
-                    return Err(ApiError::invalid(
-                        param.clone(),
-                        format!("`{param}` must be a finite number"),
-                    ))
-                }
-            }
-        }
+        let routing = crate::params::routing_overrides(self.routing.as_ref())?;
         Ok(GenerationPlan {
             model,
             stream: self.stream.unwrap_or(false),
@@ -240,7 +224,7 @@ impl Body {
             bad_words: Vec::new(),
             truncate_prompt_tokens: None,
             tokens_as_ids: false,
-            stop_token_ids: extra_stop_ids,
+            stop_token_ids: Vec::new(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             logprobs: (n_probs > 0).then_some(n_probs),
             return_token_sources: true,

@@ -28,14 +28,7 @@ pub async fn completion(
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
     let body: Body = parse_value(&body)?;
-    let model = state.resolve_model(body.model.as_deref())?;
-    state.check_ready()?;
-    let plan = body.plan(
-        model,
-        state.backend.as_ref(),
-        state.config.max_top_logprobs,
-        Vec::new(),
-    )?;
+    let plan = plan(&state, &body)?;
     let context = plan.model.context_length;
     let mut prompts = Vec::new();
     for pieces in llamacpp::prompts(body.prompt.as_ref())? {
@@ -50,8 +43,7 @@ pub async fn infill(
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
     let body: Body = parse_value(&body)?;
-    let model = state.resolve_model(body.model.as_deref())?;
-    state.check_ready()?;
+    let mut plan = plan(&state, &body)?;
     let tokens = FimTokens::find(state.backend.as_ref()).ok_or_else(|| {
         ApiError::invalid(
             "input_prefix",
@@ -59,12 +51,7 @@ pub async fn infill(
              tokens",
         )
     })?;
-    let plan = body.plan(
-        model,
-        state.backend.as_ref(),
-        state.config.max_top_logprobs,
-        tokens.stop_ids(),
-    )?;
+    plan.stop_token_ids.extend(tokens.stop_ids());
     let context = plan.model.context_length;
     let request = InfillText::read(&body)?;
     state.check_prompt_size(request.bytes(), context)?;
@@ -76,6 +63,13 @@ pub async fn infill(
     let max_new = plan.max_tokens.unwrap_or(context / 4);
     let prompt = fim::assemble(&tokens, &ids, context, max_new);
     run(&state, plan, &body, vec![prompt], arrival).await
+}
+
+/// The request's model, once the server is ready, and the plan its prompts share.
+fn plan(state: &AppState, body: &Body) -> Result<GenerationPlan, ApiError> {
+    let model = state.resolve_model(body.model.as_deref())?;
+    state.check_ready()?;
+    body.plan(model, state.backend.as_ref(), state.config.max_top_logprobs)
 }
 
 /// `/infill`'s text fields, checked as llama.cpp checks them.

@@ -325,6 +325,14 @@ async fn infill_checks_its_fields_and_the_model() {
         "{out}"
     );
     assert!(plain.log().submitted.is_empty());
+    // While the models load, both endpoints answer 503 (not a 400 about the tokenizer).
+    let loading = mock();
+    loading.set_ready(false);
+    for path in ["/infill", "/completion"] {
+        let body = json!({"input_prefix": "a", "input_suffix": "b", "prompt": "c"});
+        let (status, _) = post_json(app(&loading), path, body).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+    }
 }
 
 #[tokio::test]
