@@ -167,7 +167,12 @@ pub enum PromptField {
 #[derive(Debug, Deserialize)]
 pub struct TokenizeRequest {
     pub model: Option<String>,
+    /// llama.cpp names it `content`.
+    #[serde(alias = "content")]
     pub prompt: Option<String>,
+    /// llama.cpp's: each token as `{"id", "piece"}`.
+    #[serde(default)]
+    pub with_pieces: bool,
     pub messages: Option<Vec<RequestMessage>>,
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,

@@ -1,9 +1,11 @@
-//! `POST /tokenize` and `POST /detokenize` (vLLM's shapes), handy to count tokens or check
-//! what a chat template produces without generating.
+//! `POST /tokenize` and `POST /detokenize` (vLLM's shapes, and llama.cpp's `content` and
+//! `with_pieces`), handy to count tokens or check what a chat template produces without
+//! generating.
 
 use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
+use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::extract::ApiJson;
@@ -13,14 +15,17 @@ use crate::state::AppState;
 
 #[derive(Debug, Serialize)]
 pub struct TokenizeResponse {
-    pub tokens: Vec<u32>,
+    /// Ids, or with `with_pieces` llama.cpp's `{"id", "piece"}` objects.
+    pub tokens: Vec<Value>,
     pub count: usize,
     pub max_model_len: usize,
 }
 
+/// vLLM's `prompt` and llama.cpp's `content`: the same text.
 #[derive(Debug, Serialize)]
 pub struct DetokenizeResponse {
     pub prompt: String,
+    pub content: String,
 }
 
 pub async fn tokenize(
@@ -40,9 +45,19 @@ pub async fn tokenize(
         (None, Some(prompt)) => prompt,
         (None, None) => return Err(ApiError::MissingField("prompt".into())),
     };
-    let tokens = state.backend.encode(&text)?;
+    let ids = state.backend.encode(&text)?;
+    let tokens = ids
+        .iter()
+        .map(|&id| match req.with_pieces {
+            true => state
+                .backend
+                .decode(&[id], false)
+                .map(|piece| json!({"id": id, "piece": piece})),
+            false => Ok(json!(id)),
+        })
+        .collect::<Result<_, _>>()?;
     Ok(Json(TokenizeResponse {
-        count: tokens.len(),
+        count: ids.len(),
         tokens,
         max_model_len: model.context_length,
     }))
@@ -55,5 +70,8 @@ pub async fn detokenize(
     state.resolve_model(req.model.as_deref())?;
     state.check_ready()?;
     let prompt = state.backend.decode(&req.tokens, false)?;
-    Ok(Json(DetokenizeResponse { prompt }))
+    Ok(Json(DetokenizeResponse {
+        content: prompt.clone(),
+        prompt,
+    }))
 }

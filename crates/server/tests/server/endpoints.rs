@@ -117,6 +117,22 @@ async fn tokenize_prompt_and_messages_and_detokenize() {
         post_json(app(&m), "/detokenize", json!({"tokens": [257, 104, 105]})).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["prompt"], "<|im_start|>hi");
+    // llama.cpp's spelling: `content` in, `with_pieces`, `content` out.
+    let (status, body) = post_json(
+        app(&m),
+        "/tokenize",
+        json!({"content": "<|im_start|>hi", "with_pieces": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["tokens"],
+        json!([{"id": 257, "piece": "<|im_start|>"}, {"id": 104, "piece": "h"},
+            {"id": 105, "piece": "i"}])
+    );
+    assert_eq!(body["count"], 3);
+    let (_, body) = post_json(app(&m), "/detokenize", json!({"tokens": [104, 105]})).await;
+    assert_eq!(body["content"], "hi");
 }
 
 #[tokio::test]
