@@ -2,13 +2,13 @@
 # The test command: run from a fresh clone on a machine with Rust (rustup) and Python 3 + pip.
 #
 #   1. installs what the tests need when missing: rustfmt and clippy (rustup), the `openai`
-#      Python package (for the end-to-end tests with the official client);
+#      and `anthropic` Python packages (for the end-to-end tests with the official clients);
 #   2. checks formatting (cargo fmt --check);
 #   3. fetches the two real models (Qwen2.5-Coder 0.5B/1.5B Q4_K_M GGUF, ~1.6 GB, sha256-
 #      verified; a no-op when cached) — `tokenrouter fetch`;
 #   4. runs every test of the workspace in release mode, with the real models required
 #      (TOKENROUTER_NO_SKIP=1: every test that would skip for something missing
-#      — models, python3 with `openai` — fails instead);
+#      — models, python3 with `openai` or `anthropic` — fails instead);
 #   5. runs the web view's end-to-end test in headless Chromium (installs Debian's chromium);
 #   6. runs clippy on every target with warnings as errors;
 #   7. checks that the engine builds as a library without the download stack and the
@@ -56,12 +56,12 @@ fi
 command -v node >/dev/null || { echo "node (>= 20) is needed for the web view test" >&2; exit 1; }
 
 step "python packages"
-if ! python3 -c "import openai" 2>/dev/null; then
+if ! python3 -c "import openai, anthropic" 2>/dev/null; then
   # Debian's system Python refuses plain `pip install` (PEP 668): fall back to a user install.
-  python3 -m pip install --quiet openai \
-    || python3 -m pip install --quiet --user --break-system-packages openai
+  python3 -m pip install --quiet openai anthropic \
+    || python3 -m pip install --quiet --user --break-system-packages openai anthropic
 fi
-python3 -c "import openai; print('openai', openai.__version__)"
+python3 -c "import openai, anthropic; print('openai', openai.__version__, 'anthropic', anthropic.__version__)"
 
 check "cargo fmt --check" cargo fmt --all --check
 

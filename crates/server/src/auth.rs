@@ -27,11 +27,13 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
             "/infill",
         ];
         if path == "/v1" || path.starts_with("/v1/") || guarded.contains(&path) {
-            let given = req
-                .headers()
+            // OpenAI's clients send a bearer token, Anthropic's an `x-api-key`.
+            let headers = req.headers();
+            let given = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "))
+                .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
                 .map(str::trim);
             if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
                 return ApiError::Unauthorized.into_response();

@@ -4,6 +4,7 @@ pub mod chat;
 pub mod completions;
 pub mod generate;
 pub mod llama;
+pub mod messages;
 pub mod misc;
 pub mod models;
 pub mod responses;
@@ -23,6 +24,8 @@ pub fn build(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/responses", post(responses::responses))
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route(
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),

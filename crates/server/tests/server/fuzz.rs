@@ -41,6 +41,8 @@ const PATHS: &[&str] = &[
     "/completion",
     "/completions",
     "/infill",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
     "/v1/chat/completions/",
     "/v2/x",
     "/",
@@ -168,6 +170,9 @@ const FIELDS: &[&str] = &[
     "json_schema",
     "grammar",
     "mirostat",
+    "system",
+    "stop_sequences",
+    "thinking",
 ];
 
 fn body(rng: &mut StdRng) -> Vec<u8> {
@@ -287,8 +292,16 @@ async fn fuzzed_requests_never_panic_never_5xx_and_4xx_are_openai_shaped() {
                 panic!("case {case} ({shown}): {status} not JSON ({e}): {body}")
             });
             let err = &v["error"];
+            let openai =
+                err["message"].is_string() && err["type"].is_string() && err["code"].is_string();
+            // Anthropic's endpoints answer in Anthropic's shape (their route layers, which
+            // run first, in OpenAI's).
+            let anthropic = shown.contains(" /v1/messages")
+                && v["type"] == "error"
+                && err["message"].is_string()
+                && err["type"].is_string();
             assert!(
-                err["message"].is_string() && err["type"].is_string() && err["code"].is_string(),
+                openai || anthropic,
                 "case {case} ({shown}): {status} not OpenAI-shaped: {body}"
             );
         } else {

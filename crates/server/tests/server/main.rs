@@ -12,6 +12,7 @@ mod errors;
 mod fuzz;
 mod generate;
 mod llama;
+mod messages;
 mod mock;
 mod openai_client;
 mod reasoning;
