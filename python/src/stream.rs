@@ -121,6 +121,9 @@ impl Stream {
                 Ok(Step::Continue(Some(delta))) => return Poll::Chunk(delta, None, None),
                 Ok(Step::Continue(None)) => return Poll::Pending,
                 Ok(Step::Stopped(delta)) => Poll::Chunk(delta, Some("stop"), None),
+                // The engine's Python streams set no line limits; were one to end it, it ends
+                // as a length limit does.
+                Ok(Step::Limited(delta)) => Poll::Chunk(delta, Some("length"), None),
                 Err(e) => Poll::Failed(e.to_string()),
             },
             Ok(Some(GenerateEvent::Finished { reason })) => match live.decoder.finish(decode) {

@@ -8,7 +8,11 @@ use common::*;
 use std::time::Duration;
 use tokenrouter_api::Backend;
 
-const LIMIT: usize = 265; // synthetic tokenizer: 256 bytes + 6 merges + 3 specials
+/// Ids the synthetic tokenizer has (bytes, merges, ChatML and FIM specials): the rest of the
+/// model's vocabulary is padding, never sampled.
+fn limit() -> usize {
+    tokenrouter_runtime::synth::token_table().len()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_routing_equals_slm_alone_and_always_routing_equals_llm_alone() {
@@ -20,7 +24,7 @@ async fn never_routing_equals_slm_alone_and_always_routing_equals_llm_alone() {
             let (ids, src) = run(&e, greedy_request(pr.clone(), 12)).await;
             assert_eq!(
                 ids,
-                greedy_alone(&p.small, pr, 12, LIMIT),
+                greedy_alone(&p.small, pr, 12, limit()),
                 "{exec}: slm_only"
             );
             assert!(src.iter().all(|&s| s == 0));
@@ -39,7 +43,7 @@ async fn never_routing_equals_slm_alone_and_always_routing_equals_llm_alone() {
             let (ids, src) = run(&e, greedy_request(pr.clone(), 12)).await;
             assert_eq!(
                 ids,
-                greedy_alone(&p.large, pr, 12, LIMIT),
+                greedy_alone(&p.large, pr, 12, limit()),
                 "{exec}: always routing"
             );
             assert!(src.iter().all(|&s| s == 1));
@@ -267,7 +271,7 @@ async fn rstitch_routes_on_the_entropy_computed_in_the_step() {
         "async",
     ));
     let (ids, src) = run(&e, greedy_request(pr.clone(), 10)).await;
-    assert_eq!(ids, greedy_alone(&p.small, &pr, 10, LIMIT));
+    assert_eq!(ids, greedy_alone(&p.small, &pr, 10, limit()));
     assert!(src.iter().all(|&s| s == 0));
     e.shutdown();
     let e = start(config(
@@ -279,7 +283,7 @@ async fn rstitch_routes_on_the_entropy_computed_in_the_step() {
         "async",
     ));
     let (ids, src) = run(&e, greedy_request(pr.clone(), 10)).await;
-    assert_eq!(ids, greedy_alone(&p.large, &pr, 10, LIMIT));
+    assert_eq!(ids, greedy_alone(&p.large, &pr, 10, limit()));
     assert!(src.iter().all(|&s| s == 1), "{src:?}");
     assert_all_free(&e, Duration::from_secs(5));
     e.shutdown();
@@ -298,7 +302,7 @@ async fn r2r_with_a_router_network_at_threshold_zero_equals_llm_alone() {
     for (i, n) in [(0u32, 9usize), (1, 5)] {
         let pr = prompt(6 + i as usize, i);
         let (ids, src) = run(&e, greedy_request(pr.clone(), n)).await;
-        assert_eq!(ids, greedy_alone(&p.large, &pr, n, LIMIT));
+        assert_eq!(ids, greedy_alone(&p.large, &pr, n, limit()));
         assert!(src.iter().all(|&s| s == 1), "{src:?}");
     }
     assert_all_free(&e, Duration::from_secs(5));

@@ -11,7 +11,11 @@ use tokenrouter_api::{Backend, GenerateEvent, GenerateRequest, SubmitError, Toke
 use tokenrouter_runtime::sampling::log_softmax;
 use tokenrouter_runtime::{load_model, LoadOptions, Row, StepOptions};
 
-const LIMIT: usize = 265; // synthetic tokenizer: 256 bytes + 6 merges + 3 specials
+/// Ids the synthetic tokenizer has (bytes, merges, ChatML and FIM specials): the rest of the
+/// model's vocabulary is padding, never sampled.
+fn limit() -> usize {
+    tokenrouter_runtime::synth::token_table().len()
+}
 
 /// A request's prompt scores (if sent) and output tokens.
 async fn scored(
@@ -52,7 +56,7 @@ fn reference(model: &std::path::Path, prompt: &[u32], chunk: usize) -> Vec<Vec<f
             .unwrap()
             .logits_rows()
             .unwrap();
-        out.extend(rows.iter().map(|l| log_softmax(&l[..LIMIT])));
+        out.extend(rows.iter().map(|l| log_softmax(&l[..limit()])));
     }
     out
 }

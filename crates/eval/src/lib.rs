@@ -17,7 +17,7 @@ pub mod score;
 pub mod stats;
 pub mod tokens;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -321,7 +321,20 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
             log.run(&ctx, v, &problems).await?;
         }
     }
-    let outcome = finish(&args, &log.runs, log.summaries, target.as_ref(), started)?;
+    // Infill answers are code without fences.
+    let infill: BTreeSet<String> = problems
+        .iter()
+        .filter(|p| matches!(p.input, dataset::Input::Infill { .. }))
+        .map(|p| p.id.clone())
+        .collect();
+    let outcome = finish(
+        &args,
+        &log.runs,
+        log.summaries,
+        target.as_ref(),
+        &infill,
+        started,
+    )?;
     Ok(outcome)
 }
 
@@ -414,6 +427,7 @@ fn finish(
     runs: &[(Variant, VariantRun)],
     summaries: Vec<VariantSummary>,
     target: Option<&Target>,
+    infill: &BTreeSet<String>,
     started: Instant,
 ) -> Result<EvalOutcome, EvalError> {
     let out = &args.out_dir;
@@ -449,7 +463,11 @@ fn finish(
         .map(|(v, r)| {
             let mut st = TokenStats::default();
             for p in &r.results {
-                st.add_answer(&p.answer.tokens, &|m| large_name.as_deref() == Some(m));
+                st.add_answer(
+                    &p.answer.tokens,
+                    &|m| large_name.as_deref() == Some(m),
+                    infill.contains(&p.task_id),
+                );
             }
             (v.name.clone(), st)
         })

@@ -79,8 +79,14 @@ pub struct TokenStats {
 }
 
 impl TokenStats {
-    /// Add one answer; `large` names the model(s) whose tokens count as routed.
-    pub fn add_answer(&mut self, tokens: &[TokenSource], is_large: &dyn Fn(&str) -> bool) {
+    /// Add one answer; `large` names the model(s) whose tokens count as routed. `all_code`:
+    /// the answer is code throughout (filled in the middle of a program, no fences).
+    pub fn add_answer(
+        &mut self,
+        tokens: &[TokenSource],
+        is_large: &dyn Fn(&str) -> bool,
+        all_code: bool,
+    ) {
         let mut text_so_far = String::new();
         let mut line_start = true;
         for t in tokens {
@@ -98,7 +104,7 @@ impl TokenStats {
                     .add(routed);
             }
             // Inside a fenced block when an odd number of fences precede this token.
-            let in_code = text_so_far.matches("```").count() % 2 == 1;
+            let in_code = all_code || text_so_far.matches("```").count() % 2 == 1;
             if in_code {
                 self.in_code.add(routed);
             } else {
@@ -179,7 +185,7 @@ mod tests {
             ("return", "large"),
             (" 1", "small"),
         ]);
-        s.add_answer(&answer, &|m| m == "large");
+        s.add_answer(&answer, &|m| m == "large", false);
         assert_eq!(
             s.by_class["keyword"],
             Count {
@@ -222,5 +228,20 @@ mod tests {
         assert_eq!(top.len(), 2);
         assert_eq!(csv_field("a,b"), "\"a,b\"");
         assert_eq!(csv_field("x\n"), "x\\n");
+        // A line filled in the middle is code throughout.
+        let mut infill = TokenStats::default();
+        infill.add_answer(
+            &toks(&[("    ", "large"), ("return", "small")]),
+            &|m| m == "large",
+            true,
+        );
+        assert_eq!(
+            infill.in_code,
+            Count {
+                total: 2,
+                routed: 1
+            }
+        );
+        assert_eq!(infill.outside_code, Count::default());
     }
 }
