@@ -11,6 +11,7 @@
 //! request sets `return_token_sources`, and a `source` on each logprob entry.
 
 mod aborts;
+mod answer_reader;
 mod anthropic;
 mod auth;
 mod background;

@@ -16,14 +16,14 @@ use axum::Json;
 use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
 
+use crate::answer_reader::AnswerReader;
 use crate::choice::StopMatch;
 use crate::error::ApiError;
 use crate::generation::{ChoiceUpdate, Generation};
 use crate::params::GenerationPlan;
 use crate::provenance::ProvenanceCounter;
-use crate::reasoning::{ReasoningReader, Split};
 use crate::state::AppState;
-use crate::tools::{Shown, ToolCallReader};
+use crate::tools::Shown;
 
 /// The block being written.
 #[derive(Clone, Copy, PartialEq)]
@@ -38,8 +38,7 @@ pub struct Answer {
     model: String,
     generation: Generation,
     provenance: ProvenanceCounter,
-    reasoning: Option<ReasoningReader>,
-    tools: Option<ToolCallReader>,
+    reader: AnswerReader,
     /// Finished blocks.
     content: Vec<Value>,
     /// The block being written: its kind and text so far.
@@ -56,11 +55,7 @@ impl Answer {
             model: plan.model.name.clone(),
             generation,
             provenance: ProvenanceCounter::new(names),
-            reasoning: plan.reasoning.map(ReasoningReader::new),
-            tools: plan
-                .tool_names
-                .clone()
-                .map(|names| ToolCallReader::new(names).one_call_at_most(plan.single_tool_call)),
+            reader: AnswerReader::new(plan),
             content: Vec::new(),
             open: None,
             stop: None,
@@ -126,21 +121,11 @@ impl Answer {
             } => (delta, Some((reason, stopped_by))),
         };
         self.provenance.add(0, &delta.tokens);
-        let last = end.is_some();
-        let Split { content, reasoning } = match self.reasoning.as_mut() {
-            Some(reader) => reader.push(&delta.text, last),
-            None => Split {
-                content: delta.text.clone(),
-                reasoning: String::new(),
-            },
-        };
-        let Shown { content, calls, .. } = match self.tools.as_mut() {
-            Some(reader) => reader.push(&content, last),
-            None => Shown {
-                content,
-                ..Shown::default()
-            },
-        };
+        let Shown {
+            content,
+            calls,
+            reasoning,
+        } = self.reader.push(&delta.text, end.is_some());
         let mut events = Vec::new();
         if !reasoning.is_empty() {
             self.write(Kind::Thinking, &reasoning, &mut events);

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use tokenrouter_api::Backend;
 
+use crate::answer_reader::AnswerReader;
 use crate::choice::{Delta, OutToken};
 use crate::params::GenerationPlan;
-use crate::reasoning::{ReasoningReader, Split};
-use crate::tools::{Shown, ToolCallReader};
+use crate::tools::Shown;
 
 /// What an item being written is.
 #[derive(Clone, Copy, PartialEq)]
@@ -31,8 +31,7 @@ struct Open {
 
 /// The output items, built as the text arrives (thinking, then text and tool calls).
 pub(super) struct Items {
-    reasoning: Option<ReasoningReader>,
-    tools: Option<ToolCallReader>,
+    reader: AnswerReader,
     pub(super) output: Vec<Value>,
     open: Option<Open>,
     /// Set when the message's log-probabilities were asked for: tokens' text comes from it.
@@ -43,11 +42,7 @@ impl Items {
     pub(super) fn new(plan: &GenerationPlan, backend: Arc<dyn Backend>) -> Self {
         Self {
             logprobs: plan.logprobs.map(|_| backend),
-            reasoning: plan.reasoning.map(ReasoningReader::new),
-            tools: plan
-                .tool_names
-                .clone()
-                .map(|names| ToolCallReader::new(names).one_call_at_most(plan.single_tool_call)),
+            reader: AnswerReader::new(plan),
             output: Vec::new(),
             open: None,
         }
@@ -58,21 +53,11 @@ impl Items {
     /// log-probabilities, when asked for, go with the message text it wrote (a piece that
     /// wrote only thinking or tool calls gives the message none).
     pub(super) fn push(&mut self, delta: &Delta, last: bool, incomplete: bool) -> Vec<Value> {
-        let text = delta.text.as_str();
-        let Split { content, reasoning } = match self.reasoning.as_mut() {
-            Some(reader) => reader.push(text, last),
-            None => Split {
-                content: text.to_string(),
-                reasoning: String::new(),
-            },
-        };
-        let Shown { content, calls, .. } = match self.tools.as_mut() {
-            Some(reader) => reader.push(&content, last),
-            None => Shown {
-                content,
-                ..Shown::default()
-            },
-        };
+        let Shown {
+            content,
+            calls,
+            reasoning,
+        } = self.reader.push(&delta.text, last);
         let mut events = Vec::new();
         if !reasoning.is_empty() {
             self.write(Kind::Reasoning, &reasoning, Vec::new(), &mut events);

@@ -4,6 +4,7 @@
 //! installs them).
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokenrouter_server::ServerConfig;
@@ -34,11 +35,10 @@ fn client_available(package: &str) -> bool {
     false
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn official_openai_client_end_to_end() {
-    if !client_available("openai") {
-        return;
-    }
+/// Runs `tests/{script}` against `serve` on a real port (API key `test-key`) over a
+/// tool-calling mock; `base_path` is what the client's base URL ends with. The mock, to
+/// check what reached it.
+async fn run_client(script: &str, base_path: &str) -> Arc<MockBackend> {
     let m = MockBackend::new(MockConfig {
         token_delay: Duration::from_millis(2),
         calls_tools: true,
@@ -49,11 +49,11 @@ async fn official_openai_client_end_to_end() {
         ..ServerConfig::default()
     };
     let (addr, stop, server) = start(m.clone(), cfg).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
-    let base_url = format!("http://{addr}/v1");
+    let path = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
+    let base_url = format!("http://{addr}{base_path}");
     let output = tokio::task::spawn_blocking(move || {
         Command::new("python3")
-            .args([script, "--base-url", &base_url, "--api-key", "test-key"])
+            .args([&path, "--base-url", &base_url, "--api-key", "test-key"])
             .output()
     })
     .await
@@ -64,11 +64,7 @@ async fn official_openai_client_end_to_end() {
     println!("{stdout}");
     assert!(
         output.status.success(),
-        "openai_client.py failed:\n{stdout}\n{stderr}"
-    );
-    assert!(
-        !m.log().aborted.is_empty(),
-        "the disconnect test did not abort an engine request"
+        "{script} failed:\n{stdout}\n{stderr}"
     );
     let _ = stop.send(());
     let result = tokio::time::timeout(Duration::from_secs(10), server)
@@ -76,6 +72,19 @@ async fn official_openai_client_end_to_end() {
         .expect("serve returned")
         .expect("join");
     assert!(result.is_ok());
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_openai_client_end_to_end() {
+    if !client_available("openai") {
+        return;
+    }
+    let m = run_client("openai_client.py", "/v1").await;
+    assert!(
+        !m.log().aborted.is_empty(),
+        "the disconnect test did not abort an engine request"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,37 +92,5 @@ async fn official_anthropic_client_end_to_end() {
     if !client_available("anthropic") {
         return;
     }
-    let m = MockBackend::new(MockConfig {
-        token_delay: Duration::from_millis(1),
-        calls_tools: true,
-        ..MockConfig::default()
-    });
-    let cfg = ServerConfig {
-        api_key: Some("test-key".into()),
-        ..ServerConfig::default()
-    };
-    let (addr, stop, server) = start(m.clone(), cfg).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/anthropic_client.py");
-    let base_url = format!("http://{addr}");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("python3")
-            .args([script, "--base-url", &base_url, "--api-key", "test-key"])
-            .output()
-    })
-    .await
-    .expect("join")
-    .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "anthropic_client.py failed:\n{stdout}\n{stderr}"
-    );
-    let _ = stop.send(());
-    let result = tokio::time::timeout(Duration::from_secs(10), server)
-        .await
-        .expect("serve returned")
-        .expect("join");
-    assert!(result.is_ok());
+    run_client("anthropic_client.py", "").await;
 }
