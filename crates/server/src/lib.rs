@@ -90,6 +90,7 @@ fn build(
         metrics: Arc::new(metrics::Metrics::new().map_err(ServerError::Metrics)?),
         lifecycle: lifecycle.clone(),
         aborts: Default::default(),
+        fim: Default::default(),
     };
     Ok((routes::build(state), lifecycle))
 }

@@ -2,13 +2,14 @@
 //! lifecycle, plus the resolution of the request's `model` field (routed vs pinned).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokenrouter_api::{Backend, ModelIndex, ModelInfo, SubmitError};
 use tokio::sync::watch;
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
+use crate::fim::FimTokens;
 use crate::metrics::Metrics;
 
 #[derive(Clone)]
@@ -23,6 +24,8 @@ pub struct AppState {
     pub responses: Arc<crate::response_store::ResponseStore>,
     /// Responses running in the background, and ended streamed ones kept for reading.
     pub jobs: Arc<crate::background::Jobs>,
+    /// The tokenizer's fill-in-the-middle tokens, looked up once the models are loaded.
+    pub fim: Arc<OnceLock<Option<FimTokens>>>,
 }
 
 /// Shutdown phases: draining (new generation requests get 503, health is 503) and then
@@ -139,6 +142,14 @@ impl AppState {
             });
         }
         Ok(())
+    }
+
+    /// The served tokenizer's fill-in-the-middle tokens (`None`: it has none). Call once
+    /// the models are ready (the answer is kept).
+    pub fn fim_tokens(&self) -> Option<FimTokens> {
+        self.fim
+            .get_or_init(|| FimTokens::find(self.backend.as_ref()))
+            .clone()
     }
 
     /// Rejects new work while shutting down.

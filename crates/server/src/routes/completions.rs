@@ -12,7 +12,6 @@ use serde_json::Value;
 use crate::echo::{Echo, EchoedPrompt};
 use crate::error::ApiError;
 use crate::extract::{parse_value, ApiJson};
-use crate::fim::FimTokens;
 use crate::openai::request::{CommonFields, CompletionFields, PromptField};
 use crate::params::{completion_logprobs, GenerationPlan};
 use crate::prompt_logprobs;
@@ -39,7 +38,7 @@ pub async fn completions(
                 "`echo` cannot be combined with `suffix`",
             ))
         }
-        Some(_) => Some(FimTokens::find(state.backend.as_ref()).ok_or_else(|| {
+        Some(_) => Some(state.fim_tokens().ok_or_else(|| {
             ApiError::invalid(
                 "suffix",
                 "`suffix` needs a model with fill-in-the-middle tokens; this tokenizer has none",

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::extract::{parse_value, ApiJson};
-use crate::fim::{self, ExtraFile, FimTokens, InfillIds};
+use crate::fim::{self, ExtraFile, InfillIds};
 use crate::generation::Generation;
 use crate::llamacpp::answer::{Answers, Shape};
 use crate::llamacpp::{self, Body};
@@ -44,7 +44,7 @@ pub async fn infill(
     let arrival = Instant::now();
     let body: Body = parse_value(&body)?;
     let mut plan = plan(&state, &body)?;
-    let tokens = FimTokens::find(state.backend.as_ref()).ok_or_else(|| {
+    let tokens = state.fim_tokens().ok_or_else(|| {
         ApiError::invalid(
             "input_prefix",
             "infill is not supported by this model: its tokenizer has no fill-in-the-middle \
