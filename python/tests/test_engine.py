@@ -195,8 +195,8 @@ def test_chat_applies_the_template(engine):
         ({"routing": {"no_such_knob": 1.0}}, "no_such_knob"),
         ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
         ({"json_schema": "{not json"}, "json_schema"),
-        ({"json_schema": "{}", "regex": "a"}, "not both"),
-        ({"ebnf": "root ::= \"a\""}, "ebnf"),
+        ({"json_schema": "{}", "regex": "a"}, "give one of"),
+        ({"ebnf": "root ::= missing"}, "never defined"),
         ({"regex": "(unclosed"}, "invalid output constraint"),
     ],
 )
@@ -219,6 +219,10 @@ def test_structured_output_keeps_to_the_schema_or_regex(engine):
         assert out["meta_info"]["finish_reason"]["type"] == "stop"
         out = engine.generate("a code", dict(params, regex="[A-Z]{2}-[0-9]{2}"))
         assert re.fullmatch("[A-Z]{2}-[0-9]{2}", out["text"]), out["text"]
+        # SGLang's `ebnf` (GBNF, as xgrammar reads it).
+        grammar = 'root ::= "id-" digit{2,3} ("," ws "id-" digit{2,3})?\ndigit ::= [0-9]\nws ::= " "?'
+        out = engine.generate("ids", dict(params, ebnf=grammar))
+        assert re.fullmatch(r"id-[0-9]{2,3}(, ?id-[0-9]{2,3})?", out["text"]), out["text"]
 
 
 def test_n_samples_each_prompt(engine):

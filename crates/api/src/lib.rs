@@ -266,6 +266,29 @@ pub enum OutputConstraint {
     Choice(Vec<String>),
     /// A grammar in llguidance's Lark dialect (`guided_grammar`).
     Lark(String),
+    /// A GBNF grammar: llama.cpp's `grammar`, SGLang's `ebnf`, vLLM's `guided_grammar`
+    /// written with `::=`.
+    Gbnf(String),
+}
+
+impl OutputConstraint {
+    /// A grammar in whichever of the two dialects it is written: GBNF when some line defines
+    /// a rule with `::=` (Lark defines with `:`, and `::=` is no Lark syntax; vLLM tells
+    /// them apart the same way), else Lark (llama.cpp's `%llguidance` grammars too).
+    pub fn grammar(text: String) -> OutputConstraint {
+        let is_gbnf = text.lines().any(|line| {
+            let line = line.trim_start();
+            let name_end = line
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+                .unwrap_or(line.len());
+            name_end > 0 && line[name_end..].trim_start().starts_with("::=")
+        });
+        if is_gbnf && !text.trim_start().starts_with("%llguidance") {
+            OutputConstraint::Gbnf(text)
+        } else {
+            OutputConstraint::Lark(text)
+        }
+    }
 }
 
 impl GenerateRequest {
@@ -527,6 +550,28 @@ mod tests {
             constraint: None,
             priority: 0,
             cache_salt: None,
+        }
+    }
+
+    #[test]
+    fn grammars_are_read_as_gbnf_or_lark() {
+        let gbnf = ["root ::= \"a\"", "# c\n  value-1 ::= [0-9]+\n", "r::=x"];
+        for text in gbnf {
+            assert!(matches!(
+                OutputConstraint::grammar(text.into()),
+                OutputConstraint::Gbnf(_)
+            ));
+        }
+        let lark = [
+            "start: \"a\" | \"b\"",
+            "start: x\nx: \"::=\"",
+            "%llguidance {}\nstart: x\n// root ::= x\nx: \"a\"",
+        ];
+        for text in lark {
+            assert!(matches!(
+                OutputConstraint::grammar(text.into()),
+                OutputConstraint::Lark(_)
+            ));
         }
     }
 

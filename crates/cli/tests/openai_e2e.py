@@ -218,6 +218,19 @@ class Suite:
             raise AssertionError("an invalid regex was accepted")
         except openai.BadRequestError as e:
             check(e.body.get("param") == "guided_regex", e.body)
+        # GBNF: vLLM's guided_grammar written with `::=` (xgrammar's dialect, a rule going on
+        # over a line break), and an invalid one named by its line.
+        gbnf = 'root ::= word ("-" word){1,2}\nword ::= [a-c]{2}\n  | "zz"'
+        r = self.client.completions.create(model=ROUTED, prompt="words", max_tokens=16,
+                                           temperature=1.0, seed=5,
+                                           extra_body={"guided_grammar": gbnf})
+        check(re.fullmatch("([a-c]{2}|zz)(-([a-c]{2}|zz)){1,2}", r.choices[0].text), r.choices[0].text)
+        try:
+            self.client.completions.create(model=ROUTED, prompt="x", max_tokens=4,
+                                           extra_body={"guided_grammar": "root ::= [a-"})
+            raise AssertionError("an invalid grammar was accepted")
+        except openai.BadRequestError as e:
+            check(e.body.get("param") == "guided_grammar" and "line 1" in e.body["message"], e.body)
 
     def test_pinned_model(self):
         for pinned in ("quick", "reference"):
@@ -614,6 +627,12 @@ class Suite:
         out = json.loads(text)
         check(status == 200 and out["tokens_predicted"] == 4, out)
         check(out["prompt"].endswith("<|fim_prefix|>ab<|fim_suffix|>cd<|fim_middle|>"), out["prompt"])
+        # A GBNF grammar, as llama.cpp takes it.
+        body = {"prompt": "digits", "n_predict": 12, "seed": 1, "grammar": 'root ::= [0-9]{3} "." [0-9]'}
+        status, text = self.root_post("/completion", body)
+        out = json.loads(text)
+        check(status == 200 and re.fullmatch("[0-9]{3}\\.[0-9]", out["content"]), out)
+        check(out["stop_type"] == "eos", out)
 
 
 def main():

@@ -1,5 +1,6 @@
 //! Structured output. A constrained request (`response_format` with a JSON schema, vLLM's
-//! `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`) gets a [`Grammar`]:
+//! `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, llama.cpp's GBNF
+//! `grammar`, SGLang's `ebnf`) gets a [`Grammar`]:
 //! before each of its tokens is sampled, every token that could not continue the
 //! constraint has its logit set to -inf, and each token the request keeps advances it. The
 //! parsing and the token masks are llguidance's (the library behind llama.cpp's and vLLM's
@@ -10,6 +11,8 @@
 //! keeps, so whichever model writes a position samples under the same state, and a token
 //! a model drops (rewritten by the other) never entered it. Tokens dropped after they were
 //! kept roll it back ([`Grammar::rollback`]).
+
+pub mod gbnf;
 
 use std::sync::{Arc, OnceLock};
 
@@ -36,6 +39,8 @@ pub enum GrammarError {
 /// llguidance's precomputed token slices take a moment).
 pub struct GrammarCompiler {
     factory: ParserFactory,
+    /// The token table (GBNF names tokens by their text).
+    env: TokEnv,
     /// The id the token table calls end-of-sequence, and every id that ends generation.
     eos: u32,
     eos_ids: Arc<[u32]>,
@@ -76,6 +81,7 @@ impl GrammarCompiler {
         factory.quiet();
         Ok(Self {
             factory,
+            env,
             eos,
             eos_ids: eos_ids.into(),
         })
@@ -104,6 +110,18 @@ impl GrammarCompiler {
                 TopLevelGrammar::from_lark(format!("start: {}", alternatives.join(" | ")))
             }
             OutputConstraint::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+            OutputConstraint::Gbnf(gbnf) => {
+                let trie = self.env.tok_trie();
+                // llama.cpp's `<think>`: a special token of that name, else a plain token
+                // spelling exactly that text.
+                let token_id = |text: &str| {
+                    trie.get_special_token(text)
+                        .or_else(|| trie.token_id(text.as_bytes()))
+                };
+                let lark = gbnf::gbnf_to_lark(gbnf, &token_id, &self.eos_ids)
+                    .map_err(|e| GrammarError::Invalid(e.to_string()))?;
+                TopLevelGrammar::from_lark(lark)
+            }
         };
         let matcher = Matcher::new(self.factory.create_parser(grammar));
         if let Some(e) = matcher.get_error() {

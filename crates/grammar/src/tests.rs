@@ -150,6 +150,84 @@ fn json_object_regex_and_choice() {
     }
 }
 
+/// GBNF (llama.cpp's grammars, SGLang's `ebnf`) decodes to text its rules accept: an
+/// arithmetic grammar with nested groups, rule references and classes; a JSON grammar in
+/// llama.cpp's style (whitespace rule, escapes, `{m,n}` repeats); token references.
+#[test]
+fn gbnf_grammars_decode_to_text_they_accept() {
+    let arithmetic = OutputConstraint::Gbnf(
+        "# sums and products of numbers and groups\n\
+         root ::= expr\n\
+         expr ::= term (op term)*\n\
+         op   ::= [-+*/]\n\
+         term ::= [0-9]{1,3} | \"(\" expr \")\"\n"
+            .into(),
+    );
+    let json_gbnf = OutputConstraint::Gbnf(
+        r#"root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+"#
+        .into(),
+    );
+    for seed in 0..6 {
+        let out = decode_favouring(&arithmetic, seed, "1)");
+        let mut depth = 0i32;
+        for c in out.chars() {
+            depth += match c {
+                '(' => 1,
+                ')' => -1,
+                _ => 0,
+            };
+            assert!(depth >= 0 && "0123456789+-*/()".contains(c), "{out:?}");
+        }
+        assert_eq!(depth, 0, "{out:?}");
+        assert!(
+            !out.is_empty() && !out.ends_with(|c| "+-*/(".contains(c)),
+            "{out:?}"
+        );
+
+        let out = decode_favouring(&json_gbnf, seed, "{}\":1,a[]");
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+        assert!(v.is_object(), "{out}");
+    }
+    // Tokens by id and by their text, and negated: only they are allowed.
+    let text = text_model();
+    let id = |t: &str| {
+        let ids = text.encode(t).unwrap();
+        assert_eq!(ids.len(), 1, "{t}");
+        ids[0]
+    };
+    let (im_start, fim, a) = (id("<|im_start|>"), id("<|fim_prefix|>"), id("a"));
+    let compiler = compiler(&text);
+    for (grammar, allowed_ids) in [
+        (format!("root ::= <[{im_start}]> \"x\""), vec![im_start]),
+        ("root ::= <|im_start|> \"x\"".to_string(), vec![im_start]),
+        (
+            "root ::= (<|fim_prefix|> | <|im_start|>) \"x\"".to_string(),
+            vec![im_start.min(fim), im_start.max(fim)],
+        ),
+    ] {
+        let mut grammar = compiler.compile(&OutputConstraint::Gbnf(grammar)).unwrap();
+        let allowed = grammar.allowed().unwrap();
+        let all: Vec<u32> = (0..VOCAB as u32)
+            .filter(|&t| allowed.is_allowed(t))
+            .collect();
+        assert_eq!(all, allowed_ids);
+    }
+    let mut grammar = compiler
+        .compile(&OutputConstraint::Gbnf(
+            "root ::= !<|im_start|> \"x\"".into(),
+        ))
+        .unwrap();
+    let allowed = grammar.allowed().unwrap();
+    assert!(!allowed.is_allowed(im_start) && allowed.is_allowed(a) && allowed.is_allowed(fim));
+}
+
 #[test]
 fn rollback_restores_the_earlier_mask() {
     let text = text_model();
@@ -183,6 +261,8 @@ fn invalid_constraints_are_refused_with_a_reason() {
         OutputConstraint::JsonSchema(json!({"type": "no-such-type"})),
         OutputConstraint::Choice(vec![]),
         OutputConstraint::Lark("start: undefined_rule".into()),
+        OutputConstraint::Gbnf("root ::= undefined-rule".into()),
+        OutputConstraint::Gbnf("root ::= \"unclosed".into()),
     ] {
         match c.compile(&bad) {
             Err(GrammarError::Invalid(reason)) => assert!(!reason.is_empty()),

@@ -1,6 +1,7 @@
-//! Structured output requests: OpenAI's `response_format` (`json_object`, `json_schema`)
-//! and vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` (or their
-//! newer spelling, `structured_outputs: {"json" | "regex" | "choice" | "grammar"}`), read into
+//! Structured output requests: OpenAI's `response_format` (`json_object`, `json_schema`),
+//! vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` (or their
+//! newer spelling, `structured_outputs: {"json" | "regex" | "choice" | "grammar"}`; a
+//! grammar in GBNF or Lark), llama.cpp's GBNF `grammar` and SGLang's `regex` / `ebnf`, read into
 //! the engine's [`OutputConstraint`]. The engine compiles it (an invalid schema or regex is
 //! its 400, renamed here to the field the client sent) and masks every token that could not
 //! continue it, whichever model writes the position.
@@ -31,7 +32,16 @@ pub fn output_constraint(
         found.push((OutputConstraint::Choice(choices.clone()), "guided_choice"));
     }
     if let Some(grammar) = &fields.guided_grammar {
-        found.push((OutputConstraint::Lark(grammar.clone()), "guided_grammar"));
+        found.push((OutputConstraint::grammar(grammar.clone()), "guided_grammar"));
+    }
+    if let Some(grammar) = fields.grammar.as_ref().filter(|g| !g.is_empty()) {
+        found.push((OutputConstraint::grammar(grammar.clone()), "grammar"));
+    }
+    if let Some(rx) = &fields.regex {
+        found.push((OutputConstraint::Regex(rx.clone()), "regex"));
+    }
+    if let Some(grammar) = &fields.ebnf {
+        found.push((OutputConstraint::Gbnf(grammar.clone()), "ebnf"));
     }
     if let Some(outputs) = &fields.structured_outputs {
         found.push((structured_outputs(outputs)?, "structured_outputs"));
@@ -88,7 +98,7 @@ fn structured_outputs(outputs: &Value) -> Result<OutputConstraint, ApiError> {
     match key {
         "json" => json_schema(value, "structured_outputs.json"),
         "regex" => Ok(OutputConstraint::Regex(text()?)),
-        "grammar" => Ok(OutputConstraint::Lark(text()?)),
+        "grammar" => Ok(OutputConstraint::grammar(text()?)),
         "choice" => serde_json::from_value(value.clone())
             .map(OutputConstraint::Choice)
             .map_err(|_| bad("`structured_outputs.choice` must be a list of strings")),

@@ -64,7 +64,7 @@ struct RawParams {
     json_schema: Option<String>,
     /// Structured output: a regular expression the whole output must match.
     regex: Option<String>,
-    /// SGLang's EBNF grammars (xgrammar's dialect): refused with a pointer to the others.
+    /// Structured output: an EBNF grammar (xgrammar's dialect, which is GBNF's).
     ebnf: Option<String>,
 }
 
@@ -74,18 +74,14 @@ fn constraint(
     regex: Option<String>,
     ebnf: Option<String>,
 ) -> Result<Option<OutputConstraint>, String> {
-    if ebnf.is_some() {
-        return Err(
-            "sampling_params: ebnf grammars are not supported; use json_schema or regex".into(),
-        );
-    }
-    match (json_schema, regex) {
-        (Some(_), Some(_)) => Err("sampling_params: give json_schema or regex, not both".into()),
-        (Some(schema), None) => serde_json::from_str(&schema)
+    match (json_schema, regex, ebnf) {
+        (None, None, None) => Ok(None),
+        (Some(schema), None, None) => serde_json::from_str(&schema)
             .map(|s| Some(OutputConstraint::JsonSchema(s)))
             .map_err(|e| format!("sampling_params: json_schema is not JSON: {e}")),
-        (None, Some(rx)) => Ok(Some(OutputConstraint::Regex(rx))),
-        (None, None) => Ok(None),
+        (None, Some(rx), None) => Ok(Some(OutputConstraint::Regex(rx))),
+        (None, None, Some(grammar)) => Ok(Some(OutputConstraint::Gbnf(grammar))),
+        _ => Err("sampling_params: give one of json_schema, regex and ebnf".into()),
     }
 }
 

@@ -2,11 +2,11 @@
 //! UI, editor plugins (llama.vscode, llama.vim) and scripts send them: `prompt` (text,
 //! token ids, a mix of both, or a batch), `n_predict`, llama.cpp's sampling defaults
 //! (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), `stop`, `n_probs`, `logit_bias`
-//! in llama.cpp's list form, `json_schema`, the editor's line limits `n_indent` and
+//! in llama.cpp's list form, `json_schema` or a GBNF `grammar`, the editor's line limits `n_indent` and
 //! `t_max_predict_ms` (`crate::line_limits`); `/infill` adds `input_prefix`,
 //! `input_suffix` and `input_extra` (see `crate::fim`). Parsed once into the server's [`GenerationPlan`].
 //! Keys llama.cpp accepts and we cannot honour (mirostat, DRY, XTC, typical-p, dynamic
-//! temperature, GBNF grammars, post-sampling probabilities) are refused by name when they
+//! temperature, post-sampling probabilities) are refused by name when they
 //! would change the answer; bookkeeping keys (`cache_prompt`, `id_slot`, `samplers`, …)
 //! are accepted and ignored.
 
@@ -197,12 +197,22 @@ impl Body {
             seed: self.seed.and_then(|s| u64::try_from(s).ok()),
             ..defaults
         };
-        let constraint = match &self.json_schema {
-            None | Some(Value::Null) => None,
-            Some(schema @ Value::Object(_)) => {
+        let grammar = self.grammar.clone().filter(|g| !g.is_empty());
+        let constraint = match (&self.json_schema, grammar) {
+            (None | Some(Value::Null), None) => None,
+            (None | Some(Value::Null), Some(grammar)) => {
+                Some((OutputConstraint::grammar(grammar), "grammar"))
+            }
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "grammar",
+                    "either `json_schema` or `grammar` can be given, not both",
+                ))
+            }
+            (Some(schema @ Value::Object(_)), None) => {
                 Some((OutputConstraint::JsonSchema(schema.clone()), "json_schema"))
             }
-            Some(_) => {
+            (Some(_), None) => {
                 return Err(ApiError::invalid(
                     "json_schema",
                     "`json_schema` must be a JSON schema object",
@@ -274,13 +284,6 @@ impl Body {
             return Err(ApiError::invalid(
                 *field,
                 format!("`{field}` is not supported: leave it at its default"),
-            ));
-        }
-        if self.grammar.as_deref().is_some_and(|g| !g.is_empty()) {
-            return Err(ApiError::invalid(
-                "grammar",
-                "GBNF `grammar` is not supported: use `json_schema`, or /v1/completions with \
-                 `guided_grammar` (a Lark grammar)",
             ));
         }
         Ok(())

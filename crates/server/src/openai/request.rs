@@ -38,6 +38,11 @@ pub struct CommonFields {
     pub guided_grammar: Option<String>,
     /// vLLM's newer spelling: `{"json" | "regex" | "choice" | "grammar" | "json_object"}`.
     pub structured_outputs: Option<Value>,
+    /// llama.cpp's GBNF grammar (its OpenAI endpoints take it too).
+    pub grammar: Option<String>,
+    /// SGLang's structured output fields on its OpenAI endpoints: a regex, an EBNF grammar.
+    pub regex: Option<String>,
+    pub ebnf: Option<String>,
     /// vLLM's extension: score the prompt with this many alternatives a token.
     pub prompt_logprobs: Option<i64>,
     /// vLLM's token restrictions: no stop token or stop string before `min_tokens` tokens;

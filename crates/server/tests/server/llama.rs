@@ -1,11 +1,12 @@
 //! llama.cpp's native endpoints over the mock: `/completion` (prompt forms, llama.cpp's
 //! sampling defaults, `n_predict`, stop words, `n_probs`, `logit_bias` lists,
-//! `response_fields`, streaming without `[DONE]`), `/infill` (the fill-in-the-middle prompt
+//! `response_fields`, `grammar` / `json_schema`, streaming without `[DONE]`), `/infill` (the fill-in-the-middle prompt
 //! with repository context, its end tokens, its field checks) and OpenAI's `suffix` on
 //! `/v1/completions`.
 
 use axum::http::StatusCode;
 use serde_json::{json, Value};
+use tokenrouter_api::OutputConstraint;
 
 use crate::common::{app, error_of, mock, post, post_json, send, sse_data, text};
 use crate::mock::{
@@ -216,6 +217,35 @@ async fn response_fields_reduce_the_answer_to_their_paths() {
 }
 
 #[tokio::test]
+async fn grammar_and_json_schema_reach_the_engine_as_constraints() {
+    let m = mock();
+    for (extra, want) in [
+        (
+            json!({"grammar": "root ::= [0-9]+"}),
+            OutputConstraint::Gbnf("root ::= [0-9]+".into()),
+        ),
+        // llama.cpp's llguidance grammars are Lark.
+        (
+            json!({"grammar": "%llguidance {}\nstart: \"a\""}),
+            OutputConstraint::Lark("%llguidance {}\nstart: \"a\"".into()),
+        ),
+        (
+            json!({"json_schema": {"type": "object"}, "grammar": ""}),
+            OutputConstraint::JsonSchema(json!({"type": "object"})),
+        ),
+    ] {
+        let mut body = json!({"prompt": "a", "n_predict": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, out) = post_json(app(&m), "/completion", body).await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+        let last = m.log().submitted.last().unwrap().constraint.clone();
+        assert_eq!(last, Some(want), "{extra}");
+    }
+}
+
+#[tokio::test]
 async fn samplers_we_lack_and_bad_values_are_refused_by_name() {
     let m = mock();
     for (body, param) in [
@@ -226,7 +256,7 @@ async fn samplers_we_lack_and_bad_values_are_refused_by_name() {
         ),
         (json!({"prompt": "a", "typical_p": 0.5}), "typical_p"),
         (
-            json!({"prompt": "a", "grammar": "root ::= \"a\""}),
+            json!({"prompt": "a", "grammar": "root ::= \"a\"", "json_schema": {}}),
             "grammar",
         ),
         (json!({"prompt": "a", "n_probs": 1000}), "n_probs"),

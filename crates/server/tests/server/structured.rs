@@ -1,5 +1,6 @@
 //! Structured output on the HTTP side: `response_format` JSON modes, vLLM's `guided_*`
-//! fields and forced tool calls reach the engine as one `constraint`; the engine's refusal
+//! fields, llama.cpp's `grammar`, SGLang's `regex` / `ebnf` and forced tool calls reach the
+//! engine as one `constraint`; the engine's refusal
 //! names the field the client sent; conflicting constraints are a 400.
 
 use axum::http::StatusCode;
@@ -36,6 +37,31 @@ async fn each_field_reaches_the_engine_as_its_constraint() {
         (
             json!({"guided_choice": ["a", "b"]}),
             OutputConstraint::Choice(vec!["a".into(), "b".into()]),
+        ),
+        // Grammars: vLLM's in either dialect (GBNF told by `::=`), llama.cpp's, SGLang's.
+        (
+            json!({"guided_grammar": "start: \"a\""}),
+            OutputConstraint::Lark("start: \"a\"".into()),
+        ),
+        (
+            json!({"guided_grammar": "root ::= \"a\""}),
+            OutputConstraint::Gbnf("root ::= \"a\"".into()),
+        ),
+        (
+            json!({"structured_outputs": {"grammar": "root ::= [0-9]+"}}),
+            OutputConstraint::Gbnf("root ::= [0-9]+".into()),
+        ),
+        (
+            json!({"grammar": "root ::= \"b\""}),
+            OutputConstraint::Gbnf("root ::= \"b\"".into()),
+        ),
+        (
+            json!({"ebnf": "root ::= \"c\""}),
+            OutputConstraint::Gbnf("root ::= \"c\"".into()),
+        ),
+        (
+            json!({"regex": "[a-z]+"}),
+            OutputConstraint::Regex("[a-z]+".into()),
         ),
     ];
     for (path, base) in [
