@@ -1,7 +1,8 @@
 //! Structured output on the tiny pair (`GenerateRequest::constraint`): whatever the random
 //! models would write, the kept tokens decode to text the constraint accepts — routed (both
 //! models writing, tokens rewritten by the other model) and pinned, greedy and sampled —
-//! and an invalid constraint is refused at submission, naming the field.
+//! and an invalid constraint is refused at submission, naming the field; routing reads a
+//! constrained row over the tokens it may write (a forced position is never rewritten).
 
 mod common;
 
@@ -182,6 +183,61 @@ async fn invalid_constraints_are_refused_naming_the_field() {
             }
             other => panic!("{bad:?}: {:?}", other.map(|s| s.request_id)),
         }
+    }
+    assert_all_free(&e, Duration::from_secs(5));
+}
+
+/// A position the constraint forces (one token allowed, or only the end) is never handed to
+/// the other model to rewrite: it could only write the same token. Routing every position
+/// at random (p = 1) sends each free token to the large model and no forced one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_positions_are_not_rewritten_by_the_other_model() {
+    let p = pair();
+    let e = start(config(
+        &p,
+        "random",
+        "{p: 1.0, seed: 3}",
+        "random",
+        "",
+        "async",
+    ));
+    let (_, sources, _) = answer(&e, greedy_request(prompt(9, 1), 6)).await;
+    assert_eq!(sources, vec![1; 6], "free tokens go to the large model");
+    // No merges join these letters in the synthetic vocabulary: every position is forced.
+    let forced = OutputConstraint::Regex("abcd".into());
+    let (text, sources, reason) = answer(&e, constrained(1, forced, 0.0)).await;
+    assert_eq!((text.as_str(), reason), ("abcd", FinishReason::Stop));
+    assert!(sources.iter().all(|&s| s == 0), "{sources:?}");
+    // Two letters a position: free, so routed; the forced end is not.
+    let free = OutputConstraint::Regex("[ab]{4}".into());
+    let (text, sources, _) = answer(&e, constrained(1, free, 0.0)).await;
+    assert_eq!(text.len(), 4, "{text:?}");
+    assert_eq!(sources[..4], [1; 4], "{sources:?}");
+    assert!(sources[4..].iter().all(|&s| s == 0), "{sources:?}");
+    assert_all_free(&e, Duration::from_secs(5));
+}
+
+/// R-Stitch reads a constrained row's entropy over the tokens it may write: between two
+/// letters the random small model is nearly sure (at most ln 2 / ln V), though over the whole
+/// vocabulary it is not — so it keeps writing, where a free answer goes to the large model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rstitch_reads_the_entropy_over_the_allowed_tokens() {
+    let p = pair();
+    let e = start(config(
+        &p,
+        "rstitch",
+        "{threshold: 0.2}",
+        "rstitch",
+        "",
+        "async",
+    ));
+    let (_, sources, _) = answer(&e, greedy_request(prompt(9, 2), 6)).await;
+    assert!(sources.contains(&1), "a free answer is routed: {sources:?}");
+    for salt in 0..3 {
+        let two = OutputConstraint::Regex("[ab]{6}".into());
+        let (text, sources, _) = answer(&e, constrained(salt, two, 1.0)).await;
+        assert_eq!(text.len(), 6, "{text:?}");
+        assert!(sources.iter().all(|&s| s == 0), "{sources:?}");
     }
     assert_all_free(&e, Duration::from_secs(5));
 }

@@ -324,6 +324,11 @@ impl Allowed {
     pub fn is_allowed(&self, token: u32) -> bool {
         (token as usize) < self.0.len() && self.0.is_allowed(token)
     }
+
+    /// How many tokens the set allows.
+    pub fn count(&self) -> usize {
+        self.0.num_set()
+    }
 }
 
 fn decoding(e: impl std::fmt::Display) -> GrammarError {

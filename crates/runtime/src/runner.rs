@@ -158,6 +158,28 @@ impl StepOutput {
         Ok((h / norm)?.flatten_all()?.to_vec1::<f32>()?)
     }
 
+    /// [`StepOutput::entropy_rows`] over the ids `allowed` leaves each row (u8 flags
+    /// `[rows, limit]`, as [`unpack_bits`] makes them): a constrained row's uncertainty among
+    /// the tokens it may write. Still normalised by `ln(limit)`, so thresholds keep their
+    /// meaning; a row that allows one id has entropy 0.
+    pub fn entropy_rows_allowed(&self, limit: usize, allowed: &Tensor) -> Result<Vec<f32>> {
+        let l = &self.logits;
+        let limit = limit.clamp(1, l.dim(1)?);
+        let l = l.narrow(1, 0, limit)?.to_dtype(candle_core::DType::F32)?;
+        let keep = allowed.narrow(1, 0, limit)?;
+        let lowest = Tensor::full(f32::NEG_INFINITY, l.shape(), l.device())?;
+        let l = keep.where_cond(&l, &lowest)?;
+        let z = l.broadcast_sub(&l.max_keepdim(1)?)?;
+        let e = z.exp()?;
+        // A masked id's e is 0 and its z -inf: its p z term is 0, not NaN.
+        let z = keep.where_cond(&z, &z.zeros_like()?)?;
+        let sum = e.sum_keepdim(1)?;
+        let pz = (e * &z)?.sum_keepdim(1)?.broadcast_div(&sum)?;
+        let h = (sum.log()? - pz)?;
+        let norm = (limit.max(2) as f64).ln();
+        Ok((h / norm)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+
     /// The `k` largest of each row's first `limit` logits, in descending order, computed
     /// where the logits are (on a GPU only `k` numbers per row reach the host). Large rows
     /// go in two sorts of a few thousand values each (the CUDA sort works in shared memory):

@@ -239,6 +239,42 @@ fn entropy_rows_match_the_host_definition() {
     }
 }
 
+/// Over a mask: the entropy of the softmax of the allowed logits alone (host definition),
+/// still normalised by ln(limit); one allowed id gives 0; a free row its plain entropy.
+#[test]
+fn entropy_rows_allowed_is_the_entropy_over_the_allowed_ids() {
+    use candle_core::{Device, Tensor};
+    use tokenrouter_runtime::runner::StepOutput;
+    use tokenrouter_runtime::sampling::entropy;
+    let (vocab, limit) = (300usize, 290usize);
+    let logits = Tensor::randn(0f32, 3.0, (3, vocab), &Device::Cpu).unwrap();
+    let out = StepOutput {
+        logits,
+        hidden: None,
+    };
+    let allowed_ids: [Vec<usize>; 3] = [
+        (0..limit).step_by(7).collect(),
+        vec![42],
+        (0..limit).collect(),
+    ];
+    let mut flags = vec![0u8; 3 * limit];
+    for (r, ids) in allowed_ids.iter().enumerate() {
+        for &i in ids {
+            flags[r * limit + i] = 1;
+        }
+    }
+    let mask = Tensor::from_vec(flags, (3, limit), &Device::Cpu).unwrap();
+    let got = out.entropy_rows_allowed(limit, &mask).unwrap();
+    for ((h, row), ids) in got.iter().zip(out.logits_rows().unwrap()).zip(&allowed_ids) {
+        let kept: Vec<f32> = ids.iter().map(|&i| row[i]).collect();
+        let want = entropy(&kept) / (limit as f32).ln();
+        assert!((h - want).abs() < 1e-5, "{h} vs {want}");
+    }
+    assert_eq!(got[1], 0.0);
+    let plain = out.entropy_rows(limit).unwrap();
+    assert!((got[2] - plain[2]).abs() < 1e-6);
+}
+
 /// The step's top logits (two sorts on large rows, one on small) equal the host's top-k
 /// over the same first `limit` logits, in the same descending order.
 #[test]

@@ -21,6 +21,7 @@ impl SubServer {
             entropy,
             top_logits,
             hidden,
+            forced,
         } = seen;
         let limit = self.sample_limit;
         let decisions: Vec<Decision> = {
@@ -60,7 +61,7 @@ impl SubServer {
         // resets the statistics when its requests end).
         let mut done = Vec::new();
         let mut failed = Vec::new();
-        for ((mut req, s), d) in running.into_iter().zip(sampled).zip(decisions) {
+        for (i, ((mut req, s), d)) in running.into_iter().zip(sampled).zip(decisions).enumerate() {
             if let Some(fault) = req.fault.take() {
                 req.fail(fault);
                 failed.push(req);
@@ -75,11 +76,16 @@ impl SubServer {
                 failed.push(req);
                 continue;
             }
-            // A pinned request never leaves its model.
+            // A pinned request never leaves its model. A position its constraint forces is
+            // not rewritten: the other model could only write the same token.
             let to = if req.pinned.is_some() {
                 None
             } else {
                 d.to.filter(|&t| t != self.idx && t < self.shared.names.len())
+                    .filter(|&t| {
+                        !(forced.get(i).copied().unwrap_or(false)
+                            && self.policy.send(req.rid, t) == SendMode::DropLast)
+                    })
             };
             counts[to.unwrap_or(self.idx)] += 1;
             let keep = match to {
@@ -165,4 +171,6 @@ pub(super) struct StepSeen<'a> {
     /// The largest logits per row, descending (`Needs::top_logits`).
     pub top_logits: Option<&'a [Vec<f32>]>,
     pub hidden: Option<&'a candle_core::Tensor>,
+    /// Per row: its constraint left one token (or only the end) to pick.
+    pub forced: &'a [bool],
 }

@@ -80,6 +80,14 @@ impl RowMask {
         }
     }
 
+    /// Whether the row may pick exactly one token.
+    pub(super) fn allows_one(&self) -> bool {
+        match self {
+            RowMask::Grammar(allowed) => allowed.count() == 1,
+            RowMask::Bits(bits) => bits.iter().map(|b| b.count_ones()).sum::<u32>() == 1,
+        }
+    }
+
     /// Writes the mask over `row` (`limit.div_ceil(8)` bytes; see [`RowMask::Bits`]).
     fn write_bits(&self, row: &mut [u8]) {
         match self {

@@ -16,6 +16,8 @@ pub(super) struct Stepped {
     logits: Option<Vec<Vec<f32>>>,
     entropy: Option<Vec<f32>>,
     top: Option<Vec<Vec<f32>>>,
+    /// Per row: its constraint left one token (or only the end) to pick.
+    forced: Vec<bool>,
     pub sampled: Vec<Sampled>,
 }
 
@@ -26,6 +28,7 @@ impl Stepped {
             entropy: self.entropy.as_deref(),
             top_logits: self.top.as_deref(),
             hidden: self.output.hidden.as_ref(),
+            forced: &self.forced,
         }
     }
 }
@@ -106,8 +109,24 @@ impl SubServer {
                 .with_label_values(&[self.name()])
                 .observe(masking.elapsed().as_secs_f64());
         }
+        let forced: Vec<bool> = self
+            .running
+            .iter()
+            .zip(&allowed)
+            .map(|(r, allowed)| {
+                allowed.as_ref().is_some_and(RowMask::allows_one)
+                    || r.grammar.as_ref().is_some_and(|g| g.must_end())
+            })
+            .collect();
+        // A constrained row's entropy is over the tokens its constraint allows: how unsure
+        // the model is among what it may write (a forced token: 0), not among all it might.
+        let mut mask = None;
         let entropy = if want_entropy {
-            Some(output.entropy_rows(limit)?)
+            mask = masks::upload(&allowed, limit, &output.logits)?;
+            Some(match &mask {
+                Some(mask) => output.entropy_rows_allowed(limit, mask)?,
+                None => output.entropy_rows(limit)?,
+            })
         } else {
             None
         };
@@ -125,7 +144,9 @@ impl SubServer {
         // Without the top logits the policy reads them from the host logits.
         let top_missing = want_top > 0 && top.is_none();
         if on_device && !top_missing {
-            let mask = masks::upload(&allowed, limit, &output.logits)?;
+            if mask.is_none() {
+                mask = masks::upload(&allowed, limit, &output.logits)?;
+            }
             let sampled = output
                 .greedy_rows_allowed(limit, mask.as_ref())?
                 .into_iter()
@@ -140,6 +161,7 @@ impl SubServer {
                 logits: None,
                 entropy,
                 top,
+                forced,
                 sampled,
             });
         }
@@ -153,7 +175,9 @@ impl SubServer {
         };
         let mut drawn = Vec::new();
         if draws.iter().any(Option::is_some) {
-            let mask = masks::upload(&allowed, limit, &output.logits)?;
+            if mask.is_none() {
+                mask = masks::upload(&allowed, limit, &output.logits)?;
+            }
             let each: Vec<DrawRow> = draws
                 .iter()
                 .map(|d| d.clone().unwrap_or_else(DrawRow::greedy))
@@ -191,6 +215,7 @@ impl SubServer {
             logits,
             entropy,
             top,
+            forced,
             sampled,
         })
     }
