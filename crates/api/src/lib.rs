@@ -508,6 +508,12 @@ pub trait Backend: Send + Sync + 'static {
     /// `/reset_prefix_cache`): requests submitted after the call reuse nothing computed
     /// before it; running requests keep what they hold. `NotReady` once the engine stopped.
     fn flush_cache(&self) -> Result<(), SubmitError>;
+    /// Routing overrides a fill-in-the-middle request (an editor's completion: `/infill`,
+    /// `suffix`) gets when it gives none of its own; none by default.
+    fn fim_routing(&self) -> RoutingOverrides {
+        RoutingOverrides::default()
+    }
+
     /// Models that cannot serve now (name, why): a model whose loop went down, or one stuck
     /// in a step past the watchdog. `/health` answers 503 naming them.
     fn unhealthy(&self) -> Vec<(String, String)> {

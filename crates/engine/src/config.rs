@@ -251,6 +251,11 @@ pub struct RequestRouting {
     pub enabled: bool,
     #[serde(default)]
     pub bounds: BTreeMap<String, [f64; 2]>,
+    /// Overrides a fill-in-the-middle request (`/infill`, `suffix`) gets when it gives
+    /// none of its own (`fim: {threshold: 0.03}`): an editor cannot send `routing`, and the
+    /// knee of code completion's quality/cost curve lies elsewhere than a chat answer's.
+    #[serde(default)]
+    pub fim: BTreeMap<String, f64>,
 }
 
 impl Default for RequestRouting {
@@ -258,6 +263,7 @@ impl Default for RequestRouting {
         Self {
             enabled: true,
             bounds: BTreeMap::new(),
+            fim: BTreeMap::new(),
         }
     }
 }

@@ -16,6 +16,8 @@ pub struct Tunables {
     enabled: bool,
     /// key -> [min, max] (inclusive).
     ranges: BTreeMap<&'static str, (f64, f64)>,
+    /// `system.request_routing.fim`, checked against the ranges.
+    fim: RoutingOverrides,
 }
 
 impl Tunables {
@@ -53,10 +55,24 @@ impl Tunables {
             }
             *r = (*lo, *hi);
         }
-        Ok(Self {
-            enabled: config.enabled,
+        let mut tunables = Self {
+            enabled: true,
             ranges,
-        })
+            fim: RoutingOverrides::default(),
+        };
+        let fim = RoutingOverrides(config.fim.clone());
+        tunables.check(&fim).map_err(|e| ConfigError::Invalid {
+            file: file.to_path_buf(),
+            message: format!("system.request_routing.fim: {e}"),
+        })?;
+        tunables.enabled = config.enabled;
+        tunables.fim = fim;
+        Ok(tunables)
+    }
+
+    /// The overrides a fill-in-the-middle request gets when it gives none.
+    pub fn fim(&self) -> &RoutingOverrides {
+        &self.fim
     }
 
     /// 400 naming the field for an unknown key, a value out of range, or any override when
@@ -65,7 +81,9 @@ impl Tunables {
         if routing.is_empty() {
             return Ok(());
         }
-        if !self.enabled {
+        // The server's own defaults for fill-in-the-middle requests pass even when clients
+        // may not override (they were checked when the config was read).
+        if !self.enabled && *routing != self.fim {
             return Err(SubmitError::InvalidField {
                 param: "routing".into(),
                 message: "this server does not accept per-request routing overrides \
@@ -143,6 +161,7 @@ mod tests {
         let cfg = RequestRouting {
             enabled: true,
             bounds: [("threshold".to_string(), [0.05, 0.5])].into(),
+            fim: BTreeMap::new(),
         };
         let t = Tunables::new(rstitch(), &cfg, Path::new("x")).unwrap();
         assert!(t.check(&overrides(&[("threshold", 0.6)])).is_err());
@@ -150,6 +169,7 @@ mod tests {
         let off = RequestRouting {
             enabled: false,
             bounds: BTreeMap::new(),
+            fim: BTreeMap::new(),
         };
         let t = Tunables::new(rstitch(), &off, Path::new("x")).unwrap();
         assert!(t.check(&overrides(&[("threshold", 0.2)])).is_err());
@@ -161,6 +181,7 @@ mod tests {
         let wide = RequestRouting {
             enabled: true,
             bounds: [("threshold".to_string(), [-1.0, 0.5])].into(),
+            fim: BTreeMap::new(),
         };
         let e = Tunables::new(rstitch(), &wide, Path::new("c.yaml")).unwrap_err();
         assert!(
@@ -170,8 +191,35 @@ mod tests {
         let unknown = RequestRouting {
             enabled: true,
             bounds: [("tau".to_string(), [0.0, 0.5])].into(),
+            fim: BTreeMap::new(),
         };
         assert!(Tunables::new(rstitch(), &unknown, Path::new("c.yaml")).is_err());
+    }
+
+    #[test]
+    fn fim_defaults_are_checked_and_pass_when_clients_may_not_override() {
+        let fim = |enabled: bool, pairs: &[(&str, f64)]| RequestRouting {
+            enabled,
+            bounds: [("threshold".to_string(), [0.01, 0.5])].into(),
+            fim: overrides(pairs).0,
+        };
+        let t = Tunables::new(
+            rstitch(),
+            &fim(false, &[("threshold", 0.03)]),
+            Path::new("x"),
+        )
+        .unwrap();
+        assert_eq!(t.fim(), &overrides(&[("threshold", 0.03)]));
+        assert!(t.check(t.fim()).is_ok());
+        assert!(t.check(&overrides(&[("threshold", 0.2)])).is_err());
+        for bad in [
+            &[("threshold", 0.6)][..],
+            &[("tau", 0.1)][..],
+            &[("threshold", 0.001)][..],
+        ] {
+            let e = Tunables::new(rstitch(), &fim(true, bad), Path::new("c.yaml")).unwrap_err();
+            assert!(e.to_string().contains("system.request_routing.fim"), "{e}");
+        }
     }
 
     #[test]

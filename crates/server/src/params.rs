@@ -66,6 +66,15 @@ pub struct GenerationPlan {
 }
 
 impl GenerationPlan {
+    /// A fill-in-the-middle request: the model's FIM end tokens stop it, and without its
+    /// own `routing` it takes the server's defaults for editor completions.
+    pub fn fill_in_the_middle(&mut self, tokens: &crate::fim::FimTokens, backend: &dyn Backend) {
+        self.stop_token_ids.extend(tokens.stop_ids());
+        if self.routing.is_empty() {
+            self.routing = backend.fim_routing();
+        }
+    }
+
     /// Validates `fields`; `max_tokens` and `logprobs` come from the endpoint's own fields
     /// (`max_completion_tokens`, chat's `logprobs`/`top_logprobs` or completions' `logprobs`).
     pub fn new(

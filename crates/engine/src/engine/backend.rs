@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokenrouter_api::{
     Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, ModelLoad, OutputConstraint,
-    SubmitError, TextError, CONSTRAINT_PARAM,
+    RoutingOverrides, SubmitError, TextError, CONSTRAINT_PARAM,
 };
 use tokenrouter_grammar::{Grammar, GrammarCompiler, GrammarError};
 use tokenrouter_runtime::Sampler;
@@ -122,6 +122,15 @@ impl Backend for Engine {
             .shared
             .get()
             .map(|s| s.unhealthy())
+            .unwrap_or_default()
+    }
+
+    fn fim_routing(&self) -> RoutingOverrides {
+        self.inner
+            .shared
+            .get()
+            .and_then(|s| s.tunables.get())
+            .map(|t| t.fim().clone())
             .unwrap_or_default()
     }
 }

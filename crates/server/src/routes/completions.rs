@@ -70,7 +70,7 @@ pub async fn completions(
     prompt_logprobs::ask(&mut plan, shown_prompt_logprobs, &state)?;
     let context = plan.model.context_length;
     if let Some(tokens) = &fim {
-        plan.stop_token_ids.extend(tokens.stop_ids());
+        plan.fill_in_the_middle(tokens, state.backend.as_ref());
     }
     // Each prompt's ids, and its text when it came as text (what `echo` shows).
     let prompts: Vec<(Vec<u32>, Option<String>)> = match fields.prompt {

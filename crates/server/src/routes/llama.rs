@@ -51,7 +51,7 @@ pub async fn infill(
              tokens",
         )
     })?;
-    plan.stop_token_ids.extend(tokens.stop_ids());
+    plan.fill_in_the_middle(&tokens, state.backend.as_ref());
     let context = plan.model.context_length;
     let request = InfillText::read(&body)?;
     state.check_prompt_size(request.bytes(), context)?;

@@ -6,7 +6,7 @@
 
 use axum::http::StatusCode;
 use serde_json::{json, Value};
-use tokenrouter_api::OutputConstraint;
+use tokenrouter_api::{OutputConstraint, RoutingOverrides};
 
 use crate::common::{app, error_of, mock, post, post_json, send, sse_data, text};
 use crate::mock::{
@@ -242,6 +242,53 @@ async fn grammar_and_json_schema_reach_the_engine_as_constraints() {
         assert_eq!(status, StatusCode::OK, "{out}");
         let last = m.log().submitted.last().unwrap().constraint.clone();
         assert_eq!(last, Some(want), "{extra}");
+    }
+}
+
+/// The server's routing for editor completions reaches `/infill` and `suffix` requests that
+/// give none; a request's own `routing` wins; other requests keep theirs (none).
+#[tokio::test]
+async fn fill_in_the_middle_requests_take_the_servers_routing_defaults() {
+    let m = MockBackend::new(MockConfig {
+        fim_routing: RoutingOverrides([("threshold".to_string(), 0.03)].into()),
+        ..MockConfig::default()
+    });
+    let defaults = RoutingOverrides([("threshold".to_string(), 0.03)].into());
+    let own = RoutingOverrides([("threshold".to_string(), 0.2)].into());
+    for (path, body, want) in [
+        (
+            "/infill",
+            json!({"input_prefix": "a", "input_suffix": "b"}),
+            &defaults,
+        ),
+        (
+            "/infill",
+            json!({"input_prefix": "a", "input_suffix": "b", "routing": {"threshold": 0.2}}),
+            &own,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "suffix": "b"}),
+            &defaults,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a"}),
+            &RoutingOverrides::default(),
+        ),
+        (
+            "/completion",
+            json!({"prompt": "a"}),
+            &RoutingOverrides::default(),
+        ),
+    ] {
+        let mut body = body;
+        body["n_predict"] = json!(2);
+        body["max_tokens"] = json!(2);
+        let (status, out) = post_json(app(&m), path, body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{path} {body}: {out}");
+        let last = m.log().submitted.last().unwrap().routing.clone();
+        assert_eq!(&last, want, "{path} {body}");
     }
 }
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokenrouter_api::{
     Backend, ChatMessage, FinishReason, GenerateEvent, GenerateRequest, GenerateStream, ModelInfo,
-    OutputConstraint, SubmitError, TextError, TokenEvent,
+    OutputConstraint, RoutingOverrides, SubmitError, TextError, TokenEvent,
 };
 use tokio::sync::{mpsc, Notify};
 
@@ -58,6 +58,8 @@ pub struct MockConfig {
     pub calls_tools: bool,
     /// The tokenizer knows the FIM tokens (a model without them refuses `/infill`).
     pub fim: bool,
+    /// The routing a fill-in-the-middle request gets when it gives none.
+    pub fim_routing: RoutingOverrides,
 }
 
 impl Default for MockConfig {
@@ -79,6 +81,7 @@ impl Default for MockConfig {
             error_at: None,
             calls_tools: false,
             fim: true,
+            fim_routing: RoutingOverrides::default(),
         }
     }
 }
@@ -335,6 +338,10 @@ impl Backend for MockBackend {
             stop_ids,
             events: rx,
         })
+    }
+
+    fn fim_routing(&self) -> RoutingOverrides {
+        self.cfg.fim_routing.clone()
     }
 
     fn flush_cache(&self) -> Result<(), SubmitError> {
