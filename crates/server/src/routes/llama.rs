@@ -1,6 +1,6 @@
 //! llama.cpp's native endpoints: `POST /completion` (also `/completions`), which llama.cpp's
-//! scripts and UIs call, and `POST /infill`, the fill-in-the-middle call of editor plugins
-//! (llama.vscode, llama.vim). Bodies in `crate::llamacpp`, answers in
+//! scripts and UIs call, `POST /infill`, the fill-in-the-middle call of editor plugins
+//! (llama.vscode, llama.vim), and `GET /props`, what its web UI reads first. Bodies in `crate::llamacpp`, answers in
 //! `crate::llamacpp::answer`, the FIM prompt in `crate::fim`.
 
 use std::convert::Infallible;
@@ -63,6 +63,31 @@ pub async fn infill(
     let max_new = plan.max_tokens.unwrap_or(context / 4);
     let prompt = fim::assemble(&tokens, &ids, context, max_new);
     run(&state, plan, &body, vec![prompt], arrival).await
+}
+
+/// llama.cpp's `GET /props`: the routed model's context, the sampling a request gets by
+/// default (llama.cpp's defaults), the model file, modalities (text only) and the build.
+pub async fn props(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let body: Body = parse_value(&json!({}))?;
+    let plan = plan(&state, &body)?;
+    let models = state.backend.models();
+    let model_path = models.first().map(|m| m.source.clone()).unwrap_or_default();
+    Ok(Json(json!({
+        "default_generation_settings": {
+            "id": 0,
+            "id_task": -1,
+            "n_ctx": plan.model.context_length,
+            "speculative": false,
+            "is_processing": false,
+            "params": settings(&plan, &body),
+        },
+        "model_alias": state.config.served_model_name,
+        "model_path": model_path,
+        "models": models,
+        "modalities": {"vision": false, "audio": false},
+        "infill": state.fim_tokens().is_some(),
+        "build_info": format!("tokenrouter {}", env!("CARGO_PKG_VERSION")),
+    })))
 }
 
 /// The request's model, once the server is ready, and the plan its prompts share.

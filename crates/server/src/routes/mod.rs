@@ -52,6 +52,7 @@ pub fn build(state: AppState) -> Router {
         .route("/completion", post(llama::completion))
         .route("/completions", post(llama::completion))
         .route("/infill", post(llama::infill))
+        .route("/props", get(llama::props))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .merge(crate::web::routes())

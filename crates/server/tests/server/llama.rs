@@ -1,7 +1,7 @@
 //! llama.cpp's native endpoints over the mock: `/completion` (prompt forms, llama.cpp's
 //! sampling defaults, `n_predict`, stop words, `n_probs`, `logit_bias` lists,
 //! `response_fields`, `grammar` / `json_schema`, streaming without `[DONE]`), `/infill` (the fill-in-the-middle prompt
-//! with repository context, its end tokens, its field checks) and OpenAI's `suffix` on
+//! with repository context, its end tokens, its field checks), `/props` and OpenAI's `suffix` on
 //! `/v1/completions`.
 
 use axum::http::StatusCode;
@@ -290,6 +290,37 @@ async fn fill_in_the_middle_requests_take_the_servers_routing_defaults() {
         let last = m.log().submitted.last().unwrap().routing.clone();
         assert_eq!(&last, want, "{path} {body}");
     }
+}
+
+#[tokio::test]
+async fn props_tell_the_context_default_sampling_and_model() {
+    let m = mock();
+    let response = send(
+        app(&m),
+        axum::http::Request::get("/props")
+            .body(axum::body::Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let props: Value = serde_json::from_str(&text(response).await).unwrap();
+    let settings = &props["default_generation_settings"];
+    assert_eq!(settings["n_ctx"], 512);
+    assert_eq!(
+        settings["params"]["temperature"].as_f64(),
+        Some(0.8f32 as f64)
+    );
+    assert_eq!(settings["params"]["top_k"], 40);
+    assert_eq!(props["model_path"], "mock/small");
+    assert_eq!(
+        props["modalities"],
+        json!({"vision": false, "audio": false})
+    );
+    assert_eq!(props["infill"], true);
+    assert!(props["build_info"]
+        .as_str()
+        .unwrap()
+        .starts_with("tokenrouter "));
 }
 
 #[tokio::test]
