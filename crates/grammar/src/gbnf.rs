@@ -100,7 +100,12 @@ struct Parser<'t> {
     pos: usize,
     /// Every rule name used, and where (checked once all rules are read).
     references: Vec<(String, usize)>,
+    /// Groups open around the parser (bounded: the parser recurses into them).
+    depth: usize,
 }
+
+/// The deepest nesting of groups a grammar may have (the parser's recursion stays small).
+const MAX_DEPTH: usize = 256;
 
 impl<'t> Parser<'t> {
     fn new(text: &str, token_id: &'t dyn Fn(&str) -> Option<u32>) -> Parser<'t> {
@@ -110,6 +115,7 @@ impl<'t> Parser<'t> {
             chars: text.chars().collect(),
             pos: 0,
             references: Vec::new(),
+            depth: 0,
         }
     }
 
@@ -251,9 +257,15 @@ impl<'t> Parser<'t> {
                     nodes.push(Node::AnyChar);
                 }
                 '(' => {
+                    if self.depth >= MAX_DEPTH {
+                        return Err(self.error(format!("groups nested deeper than {MAX_DEPTH}")));
+                    }
                     self.pos += 1;
                     self.skip_space(true);
-                    let group = self.alternatives(true)?;
+                    self.depth += 1;
+                    let group = self.alternatives(true);
+                    self.depth -= 1;
+                    let group = group?;
                     if self.peek() != Some(')') {
                         return Err(self.error("expected `)`"));
                     }
@@ -443,7 +455,7 @@ impl<'t> Parser<'t> {
 
 /// Lark names for GBNF's: a name Lark takes as a rule name (`[a-z][a-z0-9_-]*`) is kept,
 /// others are lowered and prefixed; `start` is Lark's entry, so a GBNF rule of that name moves.
-fn lark_names(order: &[String]) -> HashMap<&str, String> {
+fn lark_names(order: &[String]) -> (HashMap<&str, String>, HashSet<String>) {
     let mut taken: HashSet<String> = HashSet::from(["start".to_string()]);
     let mut names = HashMap::new();
     for name in order {
@@ -464,85 +476,119 @@ fn lark_names(order: &[String]) -> HashMap<&str, String> {
                 .collect();
             format!("r_{lowered}")
         };
-        let mut candidate = base.clone();
-        let mut n = 1;
-        while taken.contains(&candidate) {
-            candidate = format!("{base}_{n}");
-            n += 1;
-        }
-        taken.insert(candidate.clone());
-        names.insert(name.as_str(), candidate);
+        let name_for = fresh(&mut taken, &base);
+        names.insert(name.as_str(), name_for);
     }
-    names
+    (names, taken)
+}
+
+/// `base`, or `base_1`, `base_2`, … whichever is not taken yet (and takes it).
+fn fresh(taken: &mut HashSet<String>, base: &str) -> String {
+    let mut candidate = base.to_string();
+    let mut n = 1;
+    while taken.contains(&candidate) {
+        candidate = format!("{base}_{n}");
+        n += 1;
+    }
+    taken.insert(candidate.clone());
+    candidate
 }
 
 fn emit(rules: &Rules) -> String {
-    let names = lark_names(&rules.order);
-    let mut out = format!("start: {}\n", names["root"]);
+    let (names, taken) = lark_names(&rules.order);
+    let mut emitter = Emitter {
+        names,
+        taken,
+        hoisted: Vec::new(),
+    };
+    let mut out = format!("start: {}\n", emitter.names["root"]);
     for name in &rules.order {
-        let body = &rules.bodies[name];
-        let _ = writeln!(
-            out,
-            "{}: {}",
-            names[name.as_str()],
-            alternatives(body, &names)
-        );
+        let body = emitter.alternatives(&rules.bodies[name], 0);
+        let _ = writeln!(out, "{}: {body}", emitter.names[name.as_str()]);
+    }
+    for rule in &emitter.hoisted {
+        let _ = writeln!(out, "{rule}");
     }
     out
 }
 
-fn alternatives(alternatives: &[Vec<Node>], names: &HashMap<&str, String>) -> String {
-    alternatives
-        .iter()
-        .map(|sequence| {
-            if sequence.is_empty() {
-                "\"\"".to_string()
-            } else {
-                let parts: Vec<String> = sequence.iter().map(|n| node(n, names)).collect();
-                parts.join(" ")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" | ")
+/// Groups nested this deep in a rule become rules of their own: llguidance's Lark parser
+/// refuses nesting past 30, GBNF has no limit.
+const HOIST_DEPTH: usize = 16;
+
+struct Emitter<'a> {
+    names: HashMap<&'a str, String>,
+    taken: HashSet<String>,
+    /// Rules made of groups nested too deep.
+    hoisted: Vec<String>,
 }
 
-fn node(node_: &Node, names: &HashMap<&str, String>) -> String {
-    match node_ {
-        Node::Literal(text) => literal(text),
-        Node::Class { negated, ranges } => {
-            let mut class = String::from(if *negated { "/[^" } else { "/[" });
-            for &(low, high) in ranges {
-                class_char(&mut class, low);
-                if high != low {
-                    class.push('-');
-                    class_char(&mut class, high);
+impl Emitter<'_> {
+    fn alternatives(&mut self, alternatives: &[Vec<Node>], depth: usize) -> String {
+        let texts: Vec<String> = alternatives
+            .iter()
+            .map(|sequence| {
+                if sequence.is_empty() {
+                    "\"\"".to_string()
+                } else {
+                    let parts: Vec<String> = sequence.iter().map(|n| self.node(n, depth)).collect();
+                    parts.join(" ")
                 }
-            }
-            class.push_str("]/");
-            class
+            })
+            .collect();
+        texts.join(" | ")
+    }
+
+    /// `(alternatives)` one level below `depth`, or a new rule's name at [`HOIST_DEPTH`].
+    fn group(&mut self, alternatives: &[Vec<Node>], depth: usize) -> String {
+        if depth + 1 < HOIST_DEPTH {
+            return format!("({})", self.alternatives(alternatives, depth + 1));
         }
-        Node::AnyChar => "/(?s:.)/".to_string(),
-        Node::Rule(name) => names[name.as_str()].clone(),
-        Node::Token { id, negated } => format!("<[{}{id}]>", if *negated { "^" } else { "" }),
-        Node::Group(group) => format!("({})", alternatives(group, names)),
-        Node::Repeat {
-            node: inner,
-            min,
-            max,
-        } => {
-            let inner_text = match **inner {
-                Node::Group(_) => node(inner, names),
-                Node::Repeat { .. } => format!("({})", node(inner, names)),
-                _ => node(inner, names),
-            };
-            match (min, max) {
-                // llguidance refuses a range ending at 0: nothing, repeated never, is "".
-                (_, Some(0)) => "\"\"".to_string(),
-                (0, None) => format!("{inner_text}*"),
-                (1, None) => format!("{inner_text}+"),
-                (0, Some(1)) => format!("{inner_text}?"),
-                (min, None) => format!("{inner_text}{{{min},}}"),
-                (min, Some(max)) => format!("{inner_text}{{{min},{max}}}"),
+        let body = self.alternatives(alternatives, 0);
+        let name = fresh(&mut self.taken, "group");
+        self.hoisted.push(format!("{name}: {body}"));
+        name
+    }
+
+    fn node(&mut self, node: &Node, depth: usize) -> String {
+        match node {
+            Node::Literal(text) => literal(text),
+            Node::Class { negated, ranges } => {
+                let mut class = String::from(if *negated { "/[^" } else { "/[" });
+                for &(low, high) in ranges {
+                    class_char(&mut class, low);
+                    if high != low {
+                        class.push('-');
+                        class_char(&mut class, high);
+                    }
+                }
+                class.push_str("]/");
+                class
+            }
+            Node::AnyChar => "/(?s:.)/".to_string(),
+            Node::Rule(name) => self.names[name.as_str()].clone(),
+            Node::Token { id, negated } => {
+                format!("<[{}{id}]>", if *negated { "^" } else { "" })
+            }
+            Node::Group(group) => self.group(group, depth),
+            Node::Repeat {
+                node: inner,
+                min,
+                max,
+            } => {
+                let inner_text = match &**inner {
+                    Node::Repeat { .. } => self.group(&[vec![(**inner).clone()]], depth),
+                    _ => self.node(inner, depth),
+                };
+                match (min, max) {
+                    // llguidance refuses a range ending at 0: nothing, repeated never, is "".
+                    (_, Some(0)) => "\"\"".to_string(),
+                    (0, None) => format!("{inner_text}*"),
+                    (1, None) => format!("{inner_text}+"),
+                    (0, Some(1)) => format!("{inner_text}?"),
+                    (min, None) => format!("{inner_text}{{{min},}}"),
+                    (min, Some(max)) => format!("{inner_text}{{{min},{max}}}"),
+                }
             }
         }
     }
@@ -653,6 +699,64 @@ mod tests {
             lark,
             "start: root\nroot: /[^\\x{22}\\x{5C}]/ \"Aé\\\"\" <[151645]> <[^13]> <[^7]> <[^9]> (\"a\"{2,2}){0,3} \"\" \"c\"{2,}\n"
         );
+    }
+
+    #[test]
+    fn deep_groups_become_rules_and_too_deep_ones_are_refused() {
+        let nested = |depth: usize| {
+            format!(
+                "root ::= {}\"a\"{}",
+                "(\"x\" ".repeat(depth),
+                ")".repeat(depth)
+            )
+        };
+        let lark = gbnf_to_lark(&nested(40), &vocab, &[7]).unwrap();
+        // No line nests more than HOIST_DEPTH groups.
+        for line in lark.lines() {
+            let mut open = 0usize;
+            let mut deepest = 0;
+            for c in line.chars() {
+                match c {
+                    '(' => open += 1,
+                    ')' => open -= 1,
+                    _ => {}
+                }
+                deepest = deepest.max(open);
+            }
+            assert!(deepest < HOIST_DEPTH, "{line}");
+        }
+        assert!(
+            lark.contains("\ngroup: ") && lark.contains("\ngroup_1: "),
+            "{lark}"
+        );
+        let e = gbnf_to_lark(&nested(MAX_DEPTH + 1), &vocab, &[7]).unwrap_err();
+        assert!(e.message.contains("nested deeper"), "{e}");
+    }
+
+    /// Whatever a client sends, the translation answers (a grammar or an error): random
+    /// texts over GBNF's own characters, after a `root ::=`.
+    #[test]
+    fn random_grammars_never_panic() {
+        const PIECES: [&str; 28] = [
+            "\"", "a", "[", "]", "(", ")", "|", "*", "+", "?", "{", "}", ",", "1", "-", "^", "\\",
+            "x", ".", "#", "<", ">", "!", "\n", " ", "::=", "root", "é",
+        ];
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut translated = 0;
+        for _ in 0..20_000 {
+            let mut text = String::from("root ::= ");
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            for _ in 0..(state % 24) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                text.push_str(PIECES[(state % PIECES.len() as u64) as usize]);
+            }
+            translated += usize::from(gbnf_to_lark(&text, &vocab, &[7]).is_ok());
+        }
+        assert!(translated > 100, "only {translated} were valid");
     }
 
     #[test]

@@ -226,6 +226,10 @@ ws ::= | " " | "\n" [ \t]{0,20}
         .unwrap();
     let allowed = grammar.allowed().unwrap();
     assert!(!allowed.is_allowed(im_start) && allowed.is_allowed(a) && allowed.is_allowed(fim));
+    // Nesting past llguidance's own limit (its Lark reader stops at 30) still compiles.
+    let deep = format!("root ::= {}\"a\"{}", "(\"b\" ".repeat(100), ")".repeat(100));
+    let out = decode(&OutputConstraint::Gbnf(deep), 1);
+    assert_eq!(out, format!("{}a", "b".repeat(100)));
 }
 
 #[test]
