@@ -174,7 +174,7 @@ impl Answer {
     pub async fn whole(mut self) -> Result<Response, ApiError> {
         // The items are built delta by delta, as streamed (the events are dropped): a
         // delta's tokens are told to the item its text went to.
-        let mut incomplete = false;
+        let mut end = Status::Completed;
         while let Some(update) = self.generation.next().await {
             match update {
                 ChoiceUpdate::Failed(e) => return Err(e),
@@ -185,15 +185,11 @@ impl Answer {
                 }
                 ChoiceUpdate::Finished { delta, reason, .. } => {
                     self.provenance.add(0, &delta.tokens);
-                    incomplete = reason == "length";
-                    self.items.push(&delta, true, incomplete);
+                    end = Status::ended_by(reason);
+                    self.items.push(&delta, true, end.cut_short());
                 }
             }
         }
-        let end = match incomplete {
-            true => Status::Incomplete,
-            false => Status::Completed,
-        };
         Ok(Json(self.finished(end)).into_response())
     }
 
@@ -256,11 +252,13 @@ impl Answer {
             }
             Some(ChoiceUpdate::Finished { delta, reason, .. }) => {
                 self.provenance.add(0, &delta.tokens);
-                let incomplete = reason == "length";
-                out.extend(self.items.push(&delta, true, incomplete));
-                let (kind, end) = match incomplete {
-                    true => ("response.incomplete", Status::Incomplete),
-                    false => ("response.completed", Status::Completed),
+                let end = Status::ended_by(reason);
+                out.extend(self.items.push(&delta, true, end.cut_short()));
+                // OpenAI's stream has no event of its own for a stopped response: it ends
+                // as incomplete, with the status saying why.
+                let kind = match end.cut_short() {
+                    true => "response.incomplete",
+                    false => "response.completed",
                 };
                 out.push(json!({"type": kind, "response": self.finished(end)}));
                 true
@@ -330,6 +328,22 @@ impl Status {
             Status::Failed(_) => "failed",
             Status::Cancelled => "cancelled",
         }
+    }
+
+    /// How an answer that finished with `reason` ends: `length` is incomplete (cut by
+    /// `max_output_tokens`), `abort` cancelled (stopped through `/abort_request` or by the
+    /// server), anything else completed.
+    fn ended_by(reason: &str) -> Status {
+        match reason {
+            "length" => Status::Incomplete,
+            "abort" => Status::Cancelled,
+            _ => Status::Completed,
+        }
+    }
+
+    /// The answer stopped before the model ended it.
+    fn cut_short(&self) -> bool {
+        matches!(self, Status::Incomplete | Status::Cancelled)
     }
 
     /// Whether the response is over (its output and usage are final).

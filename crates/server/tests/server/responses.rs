@@ -280,3 +280,51 @@ async fn message_logprobs_when_included() {
     let (_, r) = post_json(app(&mock()), "/v1/responses", json!({"input": "hi"})).await;
     assert_eq!(r["output"][0]["content"][0]["logprobs"], json!([]));
 }
+
+/// A response stopped through SGLang's `/abort_request` ends `cancelled` with what it wrote
+/// (whole), and streamed its last event is `response.incomplete` with that status.
+#[tokio::test]
+async fn an_aborted_response_ends_cancelled() {
+    let m = MockBackend::new(MockConfig {
+        token_delay: std::time::Duration::from_millis(5),
+        ..MockConfig::default()
+    });
+    let router = app(&m);
+    let wait_running = |n: usize| {
+        let m = m.clone();
+        async move {
+            let started = std::time::Instant::now();
+            while m.log().running < n {
+                assert!(started.elapsed().as_secs() < 5, "never started");
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        }
+    };
+    let body = json!({"input": "hi", "max_output_tokens": 400, "ignore_eos": true});
+    let whole = tokio::spawn(post_json(router.clone(), "/v1/responses", body.clone()));
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = router.clone();
+    let streamed = tokio::spawn(async move {
+        text(send(r, post("/v1/responses", streamed.to_string())).await).await
+    });
+    wait_running(2).await;
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let resp = send(router, post("/abort_request", r#"{"abort_all": true}"#)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let (status, out) = whole.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["status"], "cancelled", "{out}");
+    assert_eq!(out["output"][0]["status"], "incomplete", "{out}");
+    let written = out["usage"]["output_tokens"].as_u64().unwrap();
+    assert!(written > 0 && written < 400, "{written}");
+    let sse = streamed.await.unwrap();
+    let last: Value = sse
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("data: "))
+        .and_then(|d| serde_json::from_str(d).ok())
+        .unwrap();
+    assert_eq!(last["type"], "response.incomplete", "{last}");
+    assert_eq!(last["response"]["status"], "cancelled", "{last}");
+}
