@@ -179,6 +179,8 @@ pub struct TokenizeRequest {
     #[serde(default)]
     pub with_pieces: bool,
     pub messages: Option<Vec<RequestMessage>>,
+    /// Tools the chat template lists (as a chat request's `tools`).
+    pub tools: Option<Vec<Value>>,
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,
     pub chat_template_kwargs: Option<Map<String, Value>>,

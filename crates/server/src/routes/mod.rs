@@ -55,6 +55,7 @@ pub fn build(state: AppState) -> Router {
         .route("/props", get(llama::props))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/apply-template", post(tokenize::apply_template))
         .merge(crate::web::routes())
         .fallback(misc::not_found)
         .method_not_allowed_fallback(misc::method_not_allowed)

@@ -1,6 +1,6 @@
 //! `POST /tokenize` and `POST /detokenize` (vLLM's shapes, and llama.cpp's `content` and
 //! `with_pieces`), handy to count tokens or check what a chat template produces without
-//! generating.
+//! generating; llama.cpp's `POST /apply-template`, the chat template's text alone.
 
 use axum::extract::State;
 use axum::Json;
@@ -12,6 +12,7 @@ use crate::extract::ApiJson;
 use crate::openai::request::{DetokenizeRequest, TokenizeRequest};
 use crate::routes::chat::{render_prompt, PromptEnd};
 use crate::state::AppState;
+use crate::tools::ToolUse;
 
 #[derive(Debug, Serialize)]
 pub struct TokenizeResponse {
@@ -40,7 +41,7 @@ pub async fn tokenize(
             &messages,
             PromptEnd::new(req.add_generation_prompt, req.continue_final_message)?,
             req.chat_template_kwargs,
-            None,
+            template_tools(&state, req.tools)?,
         )?,
         (None, Some(prompt)) => prompt,
         (None, None) => return Err(ApiError::MissingField("prompt".into())),
@@ -74,4 +75,34 @@ pub async fn detokenize(
         content: prompt.clone(),
         prompt,
     }))
+}
+
+/// llama.cpp's `POST /apply-template`: `{"messages": [...]}` (with the chat request's
+/// `tools`, `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`) →
+/// `{"prompt": text}`, the prompt a chat request with those messages would be given.
+pub async fn apply_template(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<TokenizeRequest>,
+) -> Result<Json<Value>, ApiError> {
+    state.resolve_model(req.model.as_deref())?;
+    state.check_ready()?;
+    let messages = req
+        .messages
+        .ok_or_else(|| ApiError::MissingField("messages".into()))?;
+    let prompt = render_prompt(
+        &state,
+        &messages,
+        PromptEnd::new(req.add_generation_prompt, req.continue_final_message)?,
+        req.chat_template_kwargs,
+        template_tools(&state, req.tools)?,
+    )?;
+    Ok(Json(json!({ "prompt": prompt })))
+}
+
+/// A request's `tools` checked and given to the template as a chat request gives them.
+fn template_tools(
+    state: &AppState,
+    tools: Option<Vec<Value>>,
+) -> Result<Option<Vec<Value>>, ApiError> {
+    Ok(ToolUse::new(tools, None, state.config.tool_call_parser)?.tools)
 }

@@ -135,6 +135,36 @@ async fn tokenize_prompt_and_messages_and_detokenize() {
     assert_eq!(body["content"], "hi");
 }
 
+/// llama.cpp's `/apply-template`: the prompt a chat request with these messages (and tools)
+/// would get, as text; without messages a 400 naming them.
+#[tokio::test]
+async fn apply_template_renders_the_chat_prompt() {
+    let m = mock();
+    let messages = json!([{"role": "user", "content": "x"}]);
+    let (status, body) = post_json(app(&m), "/apply-template", json!({"messages": messages})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({"prompt": "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"})
+    );
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    let (status, body) = post_json(
+        app(&m),
+        "/apply-template",
+        json!({"messages": messages, "tools": tools, "add_generation_prompt": false}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let prompt = body["prompt"].as_str().unwrap();
+    assert!(
+        prompt.starts_with("<|im_start|>system\n<tools>") && !prompt.ends_with("assistant\n"),
+        "{prompt}"
+    );
+    let (status, body) = post_json(app(&m), "/apply-template", json!({"prompt": "x"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "messages", "{body}");
+}
+
 #[tokio::test]
 async fn chat_completion_has_openai_shape_usage_and_provenance() {
     let m = mock();
