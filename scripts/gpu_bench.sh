@@ -15,6 +15,8 @@
 #      the device vs on the host, free vs json_object / schema / regex (scripts/gpu_structured.py);
 #      with STRUCTURED_ARGS="--switch sampling --temperature 0.8 --top-p 0.95": sampled rows
 #      drawn on the device vs on the host instead;
+#   8. "constrained" (not in the default STEPS): routing under a constraint on the 0.6B / 8B
+#      shapes, R-Stitch vs never routed, free / regex / schema (scripts/gpu_constrained_routing.py);
 #   6. "remote" (not in the default STEPS): the 32B served by `tokenrouter subserver` in a
 #      second process on the same GPU vs in-process (scripts/bench_remote.py).
 # Logs go to $OUT; a short table is printed last. STEPS picks sections (default all:
@@ -49,6 +51,11 @@ fi
 if has structured; then
 echo "== 7. structured output: masks on the device vs on the host (scripts/gpu_structured.py)"
 python3 scripts/gpu_structured.py --bin $WRAP --out $OUT/structured ${STRUCTURED_ARGS:-} 2>&1 | tee $OUT/structured.txt | tail -20
+fi
+
+if has constrained; then
+echo "== 8. routing under a constraint: R-Stitch's entropy over the allowed tokens (scripts/gpu_constrained_routing.py)"
+python3 scripts/gpu_constrained_routing.py --bin $WRAP --out $OUT/constrained ${CONSTRAINED_ARGS:-} 2>&1 | tee $OUT/constrained.txt | tail -24
 fi
 
 if has check; then
