@@ -12,10 +12,11 @@ under the regex, R-Stitch (masks and masked entropy) against never routed (masks
 
 Usage: python3 scripts/gpu_constrained_routing.py --bin BIN [--concurrency 1 16 64] [--out DIR]
 """
-import argparse, json, os, re, subprocess, sys, urllib.request
+import argparse, json, os, re, subprocess, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_routing import get, step_stats, stop, wait_ready  # noqa: E402
+from gpu_structured import post  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGEX = "[a-z]{3,8}(, [a-z]{3,8}){0,30}"
@@ -26,13 +27,6 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 CONSTRAINTS = {"free": {}, "regex": {"guided_regex": REGEX},
                "schema": {"response_format": {"type": "json_schema",
                                               "json_schema": {"name": "item", "schema": SCHEMA}}}}
-
-
-def post(port, path, body, timeout=120):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
 
 
 def tokens_by_model(port):
