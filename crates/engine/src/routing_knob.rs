@@ -55,19 +55,16 @@ impl Tunables {
             }
             *r = (*lo, *hi);
         }
-        let mut tunables = Self {
-            enabled: true,
-            ranges,
-            fim: RoutingOverrides::default(),
-        };
         let fim = RoutingOverrides(config.fim.clone());
-        tunables.check(&fim).map_err(|e| ConfigError::Invalid {
+        check_ranges(&ranges, &fim).map_err(|e| ConfigError::Invalid {
             file: file.to_path_buf(),
             message: format!("system.request_routing.fim: {e}"),
         })?;
-        tunables.enabled = config.enabled;
-        tunables.fim = fim;
-        Ok(tunables)
+        Ok(Self {
+            enabled: config.enabled,
+            ranges,
+            fim,
+        })
     }
 
     /// The overrides a fill-in-the-middle request gets when it gives none.
@@ -91,32 +88,40 @@ impl Tunables {
                     .into(),
             });
         }
-        for (key, &value) in &routing.0 {
-            let shown: String = key.chars().take(64).collect();
-            let param = format!("routing.{shown}");
-            let Some(&(lo, hi)) = self.ranges.get(key.as_str()) else {
-                let known = if self.ranges.is_empty() {
-                    "none".to_string()
-                } else {
-                    list(self.ranges.keys().copied())
-                };
-                return Err(SubmitError::InvalidField {
-                    message: format!(
-                        "`{param}`: the configured routing method has no tunable `{shown}` \
-                         (tunable per request: {known})"
-                    ),
-                    param,
-                });
-            };
-            if !(value.is_finite() && (lo..=hi).contains(&value)) {
-                return Err(SubmitError::InvalidField {
-                    message: format!("`{param}` must be in [{lo}, {hi}], got {value}"),
-                    param,
-                });
-            }
-        }
-        Ok(())
+        check_ranges(&self.ranges, routing)
     }
+}
+
+/// Each key of `routing` is a tunable and its value within that tunable's range.
+fn check_ranges(
+    ranges: &BTreeMap<&'static str, (f64, f64)>,
+    routing: &RoutingOverrides,
+) -> Result<(), SubmitError> {
+    for (key, &value) in &routing.0 {
+        let shown: String = key.chars().take(64).collect();
+        let param = format!("routing.{shown}");
+        let Some(&(lo, hi)) = ranges.get(key.as_str()) else {
+            let known = if ranges.is_empty() {
+                "none".to_string()
+            } else {
+                list(ranges.keys().copied())
+            };
+            return Err(SubmitError::InvalidField {
+                message: format!(
+                    "`{param}`: the configured routing method has no tunable `{shown}` \
+                     (tunable per request: {known})"
+                ),
+                param,
+            });
+        };
+        if !(value.is_finite() && (lo..=hi).contains(&value)) {
+            return Err(SubmitError::InvalidField {
+                message: format!("`{param}` must be in [{lo}, {hi}], got {value}"),
+                param,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn list<'a>(keys: impl Iterator<Item = &'a str>) -> String {

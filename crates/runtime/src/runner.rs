@@ -146,16 +146,7 @@ impl StepOutput {
     /// logits, computed where the logits are (on a GPU only one number per row reaches the
     /// host). `H = ln Σe^z − Σ p z` with `z = l − max l`, `p = e^z / Σe^z`.
     pub fn entropy_rows(&self, limit: usize) -> Result<Vec<f32>> {
-        let l = &self.logits;
-        let limit = limit.clamp(1, l.dim(1)?);
-        let l = l.narrow(1, 0, limit)?.to_dtype(candle_core::DType::F32)?;
-        let z = l.broadcast_sub(&l.max_keepdim(1)?)?;
-        let e = z.exp()?;
-        let sum = e.sum_keepdim(1)?;
-        let pz = (e * &z)?.sum_keepdim(1)?.broadcast_div(&sum)?;
-        let h = (sum.log()? - pz)?;
-        let norm = (limit.max(2) as f64).ln();
-        Ok((h / norm)?.flatten_all()?.to_vec1::<f32>()?)
+        self.normalised_entropy(limit, None)
     }
 
     /// [`StepOutput::entropy_rows`] over the ids `allowed` leaves each row (u8 flags
@@ -163,16 +154,24 @@ impl StepOutput {
     /// the tokens it may write. Still normalised by `ln(limit)`, so thresholds keep their
     /// meaning; a row that allows one id has entropy 0.
     pub fn entropy_rows_allowed(&self, limit: usize, allowed: &Tensor) -> Result<Vec<f32>> {
+        self.normalised_entropy(limit, Some(allowed))
+    }
+
+    fn normalised_entropy(&self, limit: usize, allowed: Option<&Tensor>) -> Result<Vec<f32>> {
         let l = &self.logits;
         let limit = limit.clamp(1, l.dim(1)?);
-        let l = l.narrow(1, 0, limit)?.to_dtype(candle_core::DType::F32)?;
-        let keep = allowed.narrow(1, 0, limit)?;
-        let lowest = Tensor::full(f32::NEG_INFINITY, l.shape(), l.device())?;
-        let l = keep.where_cond(&l, &lowest)?;
-        let z = l.broadcast_sub(&l.max_keepdim(1)?)?;
+        let mut l = l.narrow(1, 0, limit)?.to_dtype(candle_core::DType::F32)?;
+        let keep = allowed.map(|a| a.narrow(1, 0, limit)).transpose()?;
+        if let Some(keep) = &keep {
+            let lowest = Tensor::full(f32::NEG_INFINITY, l.shape(), l.device())?;
+            l = keep.where_cond(&l, &lowest)?;
+        }
+        let mut z = l.broadcast_sub(&l.max_keepdim(1)?)?;
         let e = z.exp()?;
-        // A masked id's e is 0 and its z -inf: its p z term is 0, not NaN.
-        let z = keep.where_cond(&z, &z.zeros_like()?)?;
+        if let Some(keep) = &keep {
+            // A masked id's e is 0 and its z -inf: its p z term is 0, not NaN.
+            z = keep.where_cond(&z, &z.zeros_like()?)?;
+        }
         let sum = e.sum_keepdim(1)?;
         let pz = (e * &z)?.sum_keepdim(1)?.broadcast_div(&sum)?;
         let h = (sum.log()? - pz)?;

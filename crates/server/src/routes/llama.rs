@@ -1,7 +1,7 @@
 //! llama.cpp's native endpoints: `POST /completion` (also `/completions`), which llama.cpp's
 //! scripts and UIs call, `POST /infill`, the fill-in-the-middle call of editor plugins
-//! (llama.vscode, llama.vim), and `GET /props`, what its web UI reads first. Bodies in `crate::llamacpp`, answers in
-//! `crate::llamacpp::answer`, the FIM prompt in `crate::fim`.
+//! (llama.vscode, llama.vim), and `GET /props`, what its web UI reads first. Bodies in
+//! `crate::llamacpp`, answers in `crate::llamacpp::answer`, the FIM prompt in `crate::fim`.
 
 use std::convert::Infallible;
 use std::time::Instant;
