@@ -66,8 +66,19 @@ pub struct FitArgs {
     pub recall_factor: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// What a positive is: disagree (the small model's token differs from the large
+    /// model's) or divergent (a difference `train-router diverge` judged to matter).
+    #[arg(long, value_enum, default_value = "disagree")]
+    pub labels: LabelKind,
     #[arg(long)]
     pub no_progress: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LabelKind {
+    Disagree,
+    Divergent,
 }
 
 impl FitArgs {
@@ -92,6 +103,7 @@ impl FitArgs {
             holdout: 0.1,
             recall_factor: 1.0,
             seed: 0,
+            labels: LabelKind::Disagree,
             no_progress: true,
         }
     }
@@ -115,14 +127,24 @@ pub struct FitReport {
     pub target: String,
     pub seconds: f64,
     pub seed: u64,
+    pub labels: LabelKind,
+    /// Disagreements the labels left unrouted (judged not to matter).
+    pub neutral_disagreements: usize,
 }
 
 impl FitReport {
     pub fn summary(&self) -> String {
         format!(
-            "trained on {} positions ({:.2}% positive), held out {}; {} parameters, {} epochs (best {}), {:.1} s; held-out AUC {:.4}; threshold {:.4} ({}): precision {:.3}, recall {:.3}, routes {:.2}% of positions",
+            "trained on {} positions ({:.2}% positive{}), held out {}; {} parameters, {} epochs (best {}), {:.1} s; held-out AUC {:.4}; threshold {:.4} ({}): precision {:.3}, recall {:.3}, routes {:.2}% of positions",
             self.train_positions,
             100.0 * self.train_positive_rate,
+            match self.labels {
+                LabelKind::Disagree => String::new(),
+                LabelKind::Divergent => format!(
+                    "; divergent labels: {} disagreements judged neutral",
+                    self.neutral_disagreements
+                ),
+            },
             self.heldout_positions,
             self.parameters,
             self.epochs_run,
@@ -175,6 +197,43 @@ pub fn load_dir(dir: &Path) -> Result<Features> {
         }
     }
     all.ok_or_else(|| TrainError::file(dir, "holds no shards"))
+}
+
+/// Clear the label of every disagreement `train-router diverge` judged not to matter.
+/// Returns how many were cleared; unjudged ones stay positive.
+pub fn apply_divergence(dir: &Path, f: &mut Features) -> Result<usize> {
+    let meta_path = dir.join(META_FILE);
+    let meta: serde_json::Value = std::fs::read_to_string(&meta_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let get = |k: &str| meta.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+    let shards = get("prompts").div_ceil(get("shard_size").max(1));
+    let mut neutral = std::collections::HashSet::new();
+    for s in 0..shards {
+        let p = crate::diverge::divergence_path(dir, s);
+        let text = std::fs::read_to_string(&p).map_err(|e| {
+            TrainError::file(
+                &p,
+                format!("{e}: --labels divergent needs `tokenrouter train-router diverge` run on this directory first"),
+            )
+        })?;
+        let d: crate::diverge::ShardDivergence =
+            serde_json::from_str(&text).map_err(|e| TrainError::file(&p, e))?;
+        for pt in d.points {
+            if pt.divergent == Some(false) {
+                neutral.insert((pt.prompt, pt.position));
+            }
+        }
+    }
+    let mut cleared = 0;
+    for r in 0..f.len() {
+        if f.label[r] != 0 && neutral.contains(&(f.prompt[r], f.position[r])) {
+            f.label[r] = 0;
+            cleared += 1;
+        }
+    }
+    Ok(cleared)
 }
 
 /// Whether a prompt is held out (a seeded hash of its index).
@@ -356,14 +415,21 @@ pub fn fit(a: &FitArgs, f: &Features) -> Result<(TrainNet, FitReport)> {
         },
         seconds: started.elapsed().as_secs_f64(),
         seed: a.seed,
+        labels: a.labels,
+        neutral_disagreements: 0,
     };
     Ok((net, report))
 }
 
 /// `fit` on a label directory, writing the router into `a.out`.
 pub fn run(a: &FitArgs) -> Result<FitReport> {
-    let f = load_dir(&a.data)?;
-    let (net, report) = fit(a, &f)?;
+    let mut f = load_dir(&a.data)?;
+    let neutral = match a.labels {
+        LabelKind::Disagree => 0,
+        LabelKind::Divergent => apply_divergence(&a.data, &mut f)?,
+    };
+    let (net, mut report) = fit(a, &f)?;
+    report.neutral_disagreements = neutral;
     let training = serde_json::to_value(&report).unwrap_or_default();
     net.save(&a.out, report.method_threshold, training)?;
     Ok(report)

@@ -4,11 +4,14 @@
 //! small model's features with candle's autograd. The result is a `.safetensors` + JSON
 //! pair that the `r2r` method loads unchanged.
 //!
-//! `label` writes resumable shards to a directory; `fit` reads them. `prompts` builds an
+//! `label` writes resumable shards to a directory; `diverge` continues each disagreement
+//! and judges whether it matters (R2R's steps 2-3); `fit` reads them. `prompts` builds an
 //! offline prompt set from the documented functions of the local Python standard library
 //! (never from an evaluation set).
 
+pub mod diverge;
 pub mod fit;
+pub mod judge;
 pub mod label;
 pub mod metrics;
 pub mod net;
@@ -49,6 +52,9 @@ pub type Result<T> = std::result::Result<T, TrainError>;
 pub enum TrainCommand {
     /// Label a prompt set with the pair (large answers, small teacher-forced features).
     Label(label::LabelArgs),
+    /// Continue every disagreement with the large model and judge which ones matter (R2R's
+    /// steps 2-3); `fit --labels divergent` then routes only those.
+    Diverge(diverge::DivergeArgs),
     /// Fit R2R's classifier on labelled features and write router.safetensors + router.json.
     Fit(fit::FitArgs),
     /// Write a prompt set from the documented functions of the local Python stdlib.
@@ -61,6 +67,10 @@ pub fn run(cmd: TrainCommand) -> Result<()> {
         TrainCommand::Label(a) => {
             let stats = label::run(&a)?;
             println!("{}", stats.summary());
+        }
+        TrainCommand::Diverge(a) => {
+            let stats = diverge::run(&a)?;
+            println!("{}", stats.summary(a.judge));
         }
         TrainCommand::Fit(a) => {
             let report = fit::run(&a)?;
