@@ -78,8 +78,10 @@ pub struct Point {
     pub large_text: String,
     pub reference: String,
     /// The disagreement is inside code: a fenced block, or an answer with no fences.
-    #[serde(default)]
     pub in_code: bool,
+    /// That code before the disagreement (from the fence line's end, or the answer's
+    /// start), where the code judge reads which strings and comments are open.
+    pub code_before: String,
     /// False when the answer stopped (at `--max-tokens`) before the span closed: not judged.
     pub complete: bool,
     /// The verdict: `Some(true)` routes the position; `None`: not judged or no verdict read.
@@ -426,6 +428,12 @@ fn continue_all(
             }
             let (reference, closed) = span_text(spans, text, &answer[j..])?;
             let before = text.decode(&answer[..j], false)?;
+            let in_code = inside_code(fenced, &before);
+            let code_before = if in_code {
+                code_block_start(&before).to_string()
+            } else {
+                String::new()
+            };
             points.push(Point {
                 prompt: *prompt,
                 position: j as u32,
@@ -436,7 +444,8 @@ fn continue_all(
                 branch: String::new(),
                 large_text: text.decode(&answer[j..=j], false)?,
                 reference,
-                in_code: inside_code(fenced, &before),
+                in_code,
+                code_before,
                 complete: closed,
                 divergent: None,
             });
@@ -544,6 +553,14 @@ fn inside_code(fenced: bool, before: &str) -> bool {
     !fenced || before.matches("```").count() % 2 == 1
 }
 
+/// The current code block of `before`: after the line of its last fence, or all of it.
+fn code_block_start(before: &str) -> &str {
+    match before.rfind("```") {
+        Some(i) => before[i..].find('\n').map_or("", |k| &before[i + k + 1..]),
+        None => before,
+    }
+}
+
 fn last_lines(s: &str, n: usize) -> String {
     let starts: Vec<usize> = s.match_indices('\n').map(|(i, _)| i + 1).collect();
     if starts.len() < n {
@@ -570,6 +587,12 @@ mod tests {
         assert!(!inside_code(true, "Here it is:\n"));
         assert!(inside_code(true, "Here it is:\n```python\ndef f():\n"));
         assert!(!inside_code(true, "```python\nx = 1\n```\n\nThe function"));
+        assert_eq!(
+            code_block_start("Here:\n```python\ndef f():\n"),
+            "def f():\n"
+        );
+        assert_eq!(code_block_start("def f():\n    x"), "def f():\n    x");
+        assert_eq!(code_block_start("Here:\n```py"), "");
     }
 
     #[test]

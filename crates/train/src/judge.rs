@@ -91,7 +91,8 @@ pub fn judge_all(kind: JudgeKind, v: &Verifier, points: &mut [Point]) -> Result<
         }
         JudgeKind::Code => {
             for p in points.iter_mut().filter(|p| p.complete) {
-                p.divergent = Some(p.in_code && code_differs(&p.context, &p.branch, &p.reference));
+                p.divergent =
+                    Some(p.in_code && code_differs(&p.code_before, &p.branch, &p.reference));
             }
             Ok(())
         }
@@ -101,9 +102,14 @@ pub fn judge_all(kind: JudgeKind, v: &Verifier, points: &mut [Point]) -> Result<
 
 /// Whether two continuations of `context` write different code: their tokens after the
 /// context, with comments, triple-quoted strings (docstrings) and spacing left out, and
-/// code after a closing fence ignored, differ where both have written something.
+/// code after a closing fence ignored, differ where both have written something (or only
+/// one has written any).
 pub fn code_differs(context: &str, a: &str, b: &str) -> bool {
     let (ta, tb) = (code_after(context, a), code_after(context, b));
+    if ta.is_empty() != tb.is_empty() {
+        // One writes code where the other has written none yet: nothing says they agree.
+        return true;
+    }
     let n = ta.len().min(tb.len());
     ta[..n] != tb[..n]
 }
@@ -327,6 +333,7 @@ mod tests {
             large_text: "   ".into(),
             reference: reference.into(),
             in_code: true,
+            code_before: "def f(x):\n    \"\"\"Doc.\n\n    More.\n    \"\"\"\n".into(),
             complete: true,
             divergent: None,
         }
