@@ -66,7 +66,7 @@ enum Command {
     /// Quality evaluation (HumanEval or your JSONL): small, large, routed sweep, random,
     /// request-level baselines, Pareto plot.
     Eval(tokenrouter_eval::EvalArgs),
-    /// Train a learned router (R2R's classifier) for a pair: `label`, then `fit`.
+    /// Train a learned router (R2R's classifier) for a pair: `label`, optionally `diverge`, then `fit`.
     #[command(subcommand)]
     TrainRouter(tokenrouter_train::TrainCommand),
 }

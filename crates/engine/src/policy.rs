@@ -73,6 +73,14 @@ pub struct RowView<'a> {
     /// The request's own overrides of this method's kwargs (already checked against
     /// `Policy::tunables`).
     pub routing: &'a RoutingOverrides,
+    /// The tokens the row's constraint (structured output, token restrictions) lets it
+    /// write; `None`: any.
+    pub allowed: Option<&'a dyn AllowedTokens>,
+}
+
+/// The tokens a constrained row may write.
+pub trait AllowedTokens {
+    fn allows(&self, id: u32) -> bool;
 }
 
 impl RowView<'_> {

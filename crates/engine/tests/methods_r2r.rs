@@ -124,6 +124,7 @@ fn run_with(
             entropy: None,
             top_logits: top.map(|t| &t[i][..]),
             routing: &NO_ROUTING,
+            allowed: None,
         })
         .collect();
     assert!(policy.needs().hidden, "r2r must ask for hidden states");
@@ -326,6 +327,7 @@ fn large_model_writes_one_token_and_returns() {
         entropy: None,
         top_logits: None,
         routing: &NO_ROUTING,
+        allowed: None,
     }];
     let d = p.route(&StepView {
         model: 1,

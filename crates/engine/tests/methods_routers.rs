@@ -72,6 +72,7 @@ fn step_rows<'a>(logits: &'a [f32], n: usize) -> Vec<RowView<'a>> {
             entropy: None,
             top_logits: None,
             routing: &NO_ROUTING,
+            allowed: None,
         })
         .collect()
 }

@@ -5,7 +5,7 @@ use candle_core::Device;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokenrouter_engine::policy::{
-    Decision, Policy, PolicyContext, Registry, RowView, SendMode, StepView,
+    AllowedTokens, Decision, Policy, PolicyContext, Registry, RowView, SendMode, StepView,
 };
 
 /// No per-request routing overrides.
@@ -62,6 +62,7 @@ fn row<'a>(rid: u64, logits: &'a [f32], token: u32, output: &'a [u32]) -> RowVie
         entropy: None,
         top_logits: None,
         routing: &NO_ROUTING,
+        allowed: None,
     }
 }
 
@@ -114,6 +115,36 @@ fn glimpse_entropy_over_top20_decides_at_step_starts_only() {
     assert_eq!(d[0].to, None);
     let mut p = build("glimprouter", "{threshold: 0.6}", 0, 2).expect("build");
     assert_eq!(route(p.as_mut(), 0, &rows[1..2])[0].to, Some(1));
+}
+
+/// Two tokens allowed of the 20 equal ones: the glimpse is over those two (ln 2, stays
+/// at 0.95), a forced token's is 0.
+#[test]
+fn a_constrained_glimpse_reads_the_allowed_tokens() {
+    struct Only(Vec<u32>);
+    impl AllowedTokens for Only {
+        fn allows(&self, id: u32) -> bool {
+            self.0.contains(&id)
+        }
+    }
+    let mut p = build("glimprouter_slm", "{threshold: 0.95}", 0, 2).expect("build");
+    let uniform = vec![0.0f32; V];
+    let (two, one) = (Only(vec![3, 7]), Only(vec![5]));
+    let mut rows = [
+        row(0, &uniform, 3, &[]),
+        row(1, &uniform, 5, &[]),
+        row(2, &uniform, 1, &[]),
+    ];
+    rows[0].allowed = Some(&two);
+    rows[1].allowed = Some(&one);
+    let d = route(p.as_mut(), 0, &rows);
+    assert!(
+        (d[0].score.expect("score") - 2f32.ln()).abs() < 1e-5,
+        "{d:?}"
+    );
+    assert_eq!(d[1].score, Some(0.0));
+    let to: Vec<_> = d.iter().map(|d| d.to).collect();
+    assert_eq!(to, vec![None, None, Some(1)], "only the free row is routed");
 }
 
 #[test]

@@ -241,3 +241,27 @@ async fn rstitch_reads_the_entropy_over_the_allowed_tokens() {
     }
     assert_all_free(&e, Duration::from_secs(5));
 }
+
+/// GlimpRouter's glimpse too: over two allowed letters its top-20 entropy is at most ln 2,
+/// under the threshold, where a free answer's (random weights: near ln 20) routes the step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn glimprouter_glimpses_over_the_allowed_tokens() {
+    let p = pair();
+    let e = start(config(
+        &p,
+        "glimprouter_slm",
+        "{threshold: 1.0}",
+        "glimprouter_llm",
+        "",
+        "async",
+    ));
+    let (_, sources, _) = answer(&e, greedy_request(prompt(9, 2), 6)).await;
+    assert!(sources.contains(&1), "a free answer is routed: {sources:?}");
+    for salt in 0..3 {
+        let two = OutputConstraint::Regex("[ab]{6}".into());
+        let (text, sources, _) = answer(&e, constrained(salt, two, 1.0)).await;
+        assert_eq!(text.len(), 6, "{text:?}");
+        assert!(sources.iter().all(|&s| s == 0), "{sources:?}");
+    }
+    assert_all_free(&e, Duration::from_secs(5));
+}

@@ -364,6 +364,7 @@ mod tests {
             entropy: Some(entropy),
             top_logits: None,
             routing: &NO_OVERRIDES,
+            allowed: None,
         };
         let rows = [row(0.9), row(0.1)];
         let step = StepView {
@@ -400,6 +401,7 @@ mod tests {
             entropy: Some(entropy),
             top_logits: None,
             routing,
+            allowed: None,
         };
         let rows = [row(0.9, &strict), row(0.1, &eager), row(0.9, &NO_OVERRIDES)];
         let step = StepView {

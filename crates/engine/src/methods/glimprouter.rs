@@ -13,7 +13,9 @@
 
 use super::router_net::{check_unit, target, Site};
 use crate::config::{parse_kwargs, ConfigError};
-use crate::policy::{Decision, ModelSite, Policy, PolicyContext, Registry, SendMode, StepView};
+use crate::policy::{
+    AllowedTokens, Decision, ModelSite, Policy, PolicyContext, Registry, SendMode, StepView,
+};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,8 +29,20 @@ pub const DEFAULT_THRESHOLD: f64 = 0.95;
 /// The text that ends a reasoning step.
 pub const STEP_BREAK: &str = "\n\n";
 
-/// Entropy (natural log) of the top-`k` probabilities of `logits`, renormalised.
-pub fn top_k_entropy(logits: &[f32], k: usize) -> f32 {
+/// Entropy (natural log) of the top-`k` probabilities of `logits`, renormalised; of a
+/// constrained row, over the tokens it may write (a forced token: 0), as R-Stitch's.
+pub fn top_k_entropy(logits: &[f32], k: usize, allowed: Option<&dyn AllowedTokens>) -> f32 {
+    let masked: Vec<f32>;
+    let logits = match allowed {
+        Some(a) => {
+            masked = (0u32..)
+                .zip(logits)
+                .map(|(i, &l)| if a.allows(i) { l } else { f32::NEG_INFINITY })
+                .collect();
+            &masked[..]
+        }
+        None => logits,
+    };
     let top: Vec<f64> = top_k_indices(logits, k)
         .into_iter()
         .map(|i| f64::from(logits[i as usize]))
@@ -90,7 +104,7 @@ impl Policy for GlimpSlm {
                 if !step_start {
                     return Decision::STAY;
                 }
-                let h = top_k_entropy(r.logits, GLIMPSE_TOP_K);
+                let h = top_k_entropy(r.logits, GLIMPSE_TOP_K, r.allowed);
                 if h >= r.kwarg("threshold", self.threshold) {
                     Decision::go(self.to, Some(h))
                 } else {

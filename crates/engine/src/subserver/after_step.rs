@@ -2,8 +2,9 @@
 //! the token just written, finishes, stays, or is handed to another model. Rows whose
 //! logits were invalid fail alone here.
 
+use super::masks::RowMask;
 use super::{Outbound, SubServer};
-use crate::policy::{Decision, RowView, SendMode, StepView};
+use crate::policy::{AllowedTokens, Decision, RowView, SendMode, StepView};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tokenrouter_api::TokenEvent;
@@ -22,6 +23,7 @@ impl SubServer {
             top_logits,
             hidden,
             forced,
+            allowed,
         } = seen;
         let limit = self.sample_limit;
         let decisions: Vec<Decision> = {
@@ -42,6 +44,10 @@ impl SubServer {
                     entropy: entropy.and_then(|e| e.get(i).copied()),
                     top_logits: top_logits.and_then(|t| t.get(i)).map(|t| &t[..]),
                     routing: &r.routing,
+                    allowed: allowed
+                        .get(i)
+                        .and_then(Option::as_ref)
+                        .map(|m| m as &dyn AllowedTokens),
                 })
                 .collect();
             let step = StepView {
@@ -173,4 +179,6 @@ pub(super) struct StepSeen<'a> {
     pub hidden: Option<&'a candle_core::Tensor>,
     /// Per row: its constraint left one token (or only the end) to pick.
     pub forced: &'a [bool],
+    /// Per row: the tokens it may write (`None`: unconstrained).
+    pub allowed: &'a [Option<RowMask>],
 }

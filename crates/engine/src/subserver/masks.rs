@@ -101,6 +101,15 @@ impl RowMask {
     }
 }
 
+impl crate::policy::AllowedTokens for RowMask {
+    fn allows(&self, id: u32) -> bool {
+        match self {
+            RowMask::Grammar(allowed) => allowed.is_allowed(id),
+            RowMask::Bits(bits) => bit(bits, id as usize),
+        }
+    }
+}
+
 fn bit(bits: &[u8], i: usize) -> bool {
     bits.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0)
 }

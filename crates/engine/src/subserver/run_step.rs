@@ -18,6 +18,8 @@ pub(super) struct Stepped {
     top: Option<Vec<Vec<f32>>>,
     /// Per row: its constraint left one token (or only the end) to pick.
     forced: Vec<bool>,
+    /// Per row: the tokens it may write.
+    allowed: Vec<Option<RowMask>>,
     pub sampled: Vec<Sampled>,
 }
 
@@ -29,6 +31,7 @@ impl Stepped {
             top_logits: self.top.as_deref(),
             hidden: self.output.hidden.as_ref(),
             forced: &self.forced,
+            allowed: &self.allowed,
         }
     }
 }
@@ -162,6 +165,7 @@ impl SubServer {
                 entropy,
                 top,
                 forced,
+                allowed,
                 sampled,
             });
         }
@@ -216,6 +220,7 @@ impl SubServer {
             entropy,
             top,
             forced,
+            allowed,
             sampled,
         })
     }
