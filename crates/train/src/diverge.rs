@@ -11,7 +11,7 @@
 //! continuations without the model.
 
 use crate::judge::{self, JudgeKind, Verifier};
-use crate::label::META_FILE;
+use crate::label::{progress, read_meta, shard_count};
 use crate::prompts::{encode, read_prompts};
 use crate::shard::{self, Features};
 use crate::{Result, TrainError};
@@ -150,7 +150,7 @@ pub fn run(a: &DivergeArgs) -> Result<DivergeStats> {
     if a.judge == JudgeKind::Model {
         a.verifier.check()?;
     }
-    let meta = read_label_meta(&a.data)?;
+    let meta = read_meta(&a.data)?;
     let get = |k: &str| meta.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
     let prompts_sha = {
         let bytes = std::fs::read(&a.prompts).map_err(|e| TrainError::file(&a.prompts, e))?;
@@ -162,7 +162,7 @@ pub fn run(a: &DivergeArgs) -> Result<DivergeStats> {
             "not the prompt file these labels were made from",
         ));
     }
-    let shards = get("prompts").div_ceil(get("shard_size").max(1));
+    let shards = shard_count(&meta);
     let raw = meta.get("raw").and_then(|v| v.as_bool()).unwrap_or(false);
     check_or_write_divergence_meta(a)?;
     for s in 0..shards {
@@ -178,7 +178,12 @@ pub fn run(a: &DivergeArgs) -> Result<DivergeStats> {
     prompts.truncate(get("prompts"));
     let mut stats = DivergeStats::default();
     let mut model: Option<(Runner, TextModel, usize)> = None;
-    let bar = progress(a.no_progress, shards as u64);
+    let bar = progress(
+        a.no_progress,
+        shards as u64,
+        "continuing and judging",
+        "shards",
+    );
     let mut next_seq: SeqId = 1;
     for s in 0..shards {
         let path = divergence_path(&a.data, s);
@@ -265,17 +270,6 @@ fn load_large(config: &Path) -> Result<(Runner, TextModel, usize)> {
     Ok((large.runner, large.text, vocab.sample_limit))
 }
 
-fn read_label_meta(dir: &Path) -> Result<serde_json::Value> {
-    let path = dir.join(META_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        TrainError::file(
-            &path,
-            format!("not a label directory (run `tokenrouter train-router label`): {e}"),
-        )
-    })?;
-    serde_json::from_str(&text).map_err(|e| TrainError::file(&path, e))
-}
-
 fn check_or_write_divergence_meta(a: &DivergeArgs) -> Result<()> {
     let meta = serde_json::json!({
         "version": 1,
@@ -305,19 +299,6 @@ fn write_whole(path: &Path, text: &str) -> Result<()> {
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, text).map_err(|e| TrainError::file(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| TrainError::file(path, e))
-}
-
-fn progress(hidden: bool, len: u64) -> indicatif::ProgressBar {
-    if hidden {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(len);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "continuing and judging {bar:40} {pos}/{len} shards [{elapsed_precise} < {eta_precise}]",
-    ) {
-        bar.set_style(style);
-    }
-    bar
 }
 
 /// One labelled answer of a shard.

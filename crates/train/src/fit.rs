@@ -3,7 +3,7 @@
 //! prompt (positions of one answer never straddle the split), early stopping on held-out
 //! AUC, everything seeded — and the routing threshold chosen on the held-out split.
 
-use crate::label::META_FILE;
+use crate::label::{read_meta, shard_count};
 use crate::metrics::{at_threshold, auc, choose_threshold, AtThreshold, ThresholdTarget};
 use crate::net::{Head, NetSpec, TrainNet};
 use crate::shard::{self, Features};
@@ -170,17 +170,7 @@ impl FitReport {
 
 /// Every shard of a label directory (all must be present).
 pub fn load_dir(dir: &Path) -> Result<Features> {
-    let meta_path = dir.join(META_FILE);
-    let text = std::fs::read_to_string(&meta_path).map_err(|e| {
-        TrainError::file(
-            &meta_path,
-            format!("not a label directory (run `tokenrouter train-router label`): {e}"),
-        )
-    })?;
-    let meta: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| TrainError::file(&meta_path, e))?;
-    let get = |k: &str| meta.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
-    let shards = get("prompts").div_ceil(get("shard_size").max(1));
+    let shards = shard_count(&read_meta(dir)?);
     let mut all: Option<Features> = None;
     for s in 0..shards {
         let p = shard::shard_path(dir, s);
@@ -202,13 +192,7 @@ pub fn load_dir(dir: &Path) -> Result<Features> {
 /// Clear the label of every disagreement `train-router diverge` judged not to matter.
 /// Returns how many were cleared; unjudged ones stay positive.
 pub fn apply_divergence(dir: &Path, f: &mut Features) -> Result<usize> {
-    let meta_path = dir.join(META_FILE);
-    let meta: serde_json::Value = std::fs::read_to_string(&meta_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
-    let get = |k: &str| meta.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
-    let shards = get("prompts").div_ceil(get("shard_size").max(1));
+    let shards = shard_count(&read_meta(dir)?);
     let mut neutral = std::collections::HashSet::new();
     for s in 0..shards {
         let p = crate::diverge::divergence_path(dir, s);

@@ -143,7 +143,7 @@ pub fn run(a: &LabelArgs) -> Result<LabelStats> {
     check_or_write_meta(&a.out, &meta)?;
 
     let shards = prompts.len().div_ceil(a.shard_size);
-    let bar = progress(a.no_progress, prompts.len() as u64);
+    let bar = progress(a.no_progress, prompts.len() as u64, "labelling", "prompts");
     let mut stats = LabelStats {
         prompts: prompts.len(),
         ..Default::default()
@@ -228,17 +228,36 @@ pub fn run(a: &LabelArgs) -> Result<LabelStats> {
     Ok(stats)
 }
 
-fn progress(hidden: bool, len: u64) -> indicatif::ProgressBar {
+/// A progress bar (`hidden`: none) counting `what` up to `len`.
+pub(crate) fn progress(hidden: bool, len: u64, doing: &str, what: &str) -> indicatif::ProgressBar {
     if hidden {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(len);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "labelling {bar:40} {pos}/{len} prompts [{elapsed_precise} < {eta_precise}]",
-    ) {
+    if let Ok(style) = indicatif::ProgressStyle::with_template(&format!(
+        "{doing} {{bar:40}} {{pos}}/{{len}} {what} [{{elapsed_precise}} < {{eta_precise}}]"
+    )) {
         bar.set_style(style);
     }
     bar
+}
+
+/// A label directory's metadata (`labels.json`).
+pub fn read_meta(dir: &Path) -> Result<serde_json::Value> {
+    let path = dir.join(META_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        TrainError::file(
+            &path,
+            format!("not a label directory (run `tokenrouter train-router label`): {e}"),
+        )
+    })?;
+    serde_json::from_str(&text).map_err(|e| TrainError::file(&path, e))
+}
+
+/// How many shards a label directory's metadata promises.
+pub fn shard_count(meta: &serde_json::Value) -> usize {
+    let get = |k: &str| meta.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+    get("prompts").div_ceil(get("shard_size").max(1))
 }
 
 fn check_or_write_meta(dir: &Path, meta: &serde_json::Value) -> Result<()> {
