@@ -194,8 +194,9 @@ pub fn run(a: &DivergeArgs) -> Result<DivergeStats> {
             ),
             Err(_) => None,
         };
+        let judge = a.judge.label(&a.verifier);
         if let Some(d) = &done {
-            if d.judge == a.judge.name() {
+            if d.judge == judge {
                 stats.count(&d.points);
                 stats.shards_resumed += 1;
                 bar.inc(1);
@@ -214,9 +215,14 @@ pub fn run(a: &DivergeArgs) -> Result<DivergeStats> {
                 let f = shard::read(&shard::shard_path(&a.data, s))?;
                 let t0 = Instant::now();
                 let mut walks = Vec::new();
-                for a in answers(&f) {
-                    let ids = encode(&prompts[a.prompt as usize], text)?;
-                    walks.push((ids, a));
+                for answer in answers(&f) {
+                    let prompt = prompts.get(answer.prompt as usize).ok_or_else(|| {
+                        TrainError::file(
+                            shard::shard_path(&a.data, s),
+                            format!("names prompt {}, past the prompt file", answer.prompt),
+                        )
+                    })?;
+                    walks.push((encode(prompt, text)?, answer));
                 }
                 let spans = Spans {
                     lines: a.lines,
@@ -242,10 +248,7 @@ pub fn run(a: &DivergeArgs) -> Result<DivergeStats> {
         judge::judge_all(a.judge, &a.verifier, &mut points)?;
         stats.judged_s += t1.elapsed().as_secs_f64();
         stats.count(&points);
-        let out = ShardDivergence {
-            judge: a.judge.name().to_string(),
-            points,
-        };
+        let out = ShardDivergence { judge, points };
         write_whole(&path, &serde_json::to_string(&out).unwrap_or_default())?;
         bar.inc(1);
     }

@@ -26,6 +26,15 @@ impl JudgeKind {
             JudgeKind::Model => "model",
         }
     }
+
+    /// What a shard's verdicts record: the judge, and for an LLM which model (another
+    /// verifier re-judges).
+    pub fn label(self, v: &Verifier) -> String {
+        match self {
+            JudgeKind::Model => format!("model:{}", v.verifier_model),
+            _ => self.name().to_string(),
+        }
+    }
 }
 
 /// The LLM judge's endpoint (`--judge model`).

@@ -205,6 +205,9 @@ fn continuations_equal_a_brute_force_recomputation_and_judges_label_them() {
     let (url, seen) = judge_server(false);
     m.verifier.verifier_url = Some(format!("{url}/v1"));
     let judged = diverge::run(&m).unwrap();
+    assert_eq!(shard_points(&data, 3)[0].judge, "model:judge");
+    // The same verifier again: resumed, nothing asked.
+    assert_eq!(diverge::run(&m).unwrap().shards_resumed, 3);
     println!("{}", judged.summary(JudgeKind::Model));
     let complete = points.iter().filter(|p| p.complete).count();
     let requests = seen.lock().unwrap().clone();
