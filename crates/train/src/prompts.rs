@@ -70,7 +70,7 @@ pub fn encode(prompt: &Prompt, text: &TextModel) -> Result<Vec<u32>> {
 }
 
 /// `tokenrouter train-router prompts`
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct PromptsArgs {
     /// Where to write the JSONL.
     #[arg(long)]
@@ -81,12 +81,17 @@ pub struct PromptsArgs {
     /// The Python interpreter whose standard library is read.
     #[arg(long, default_value = "python3")]
     pub python: String,
+    /// Fill-in-the-middle tasks instead: each function's source with one line of its body
+    /// left out, as raw prompts in the Qwen2.5-Coder / StarCoder2 layout
+    /// (`<|fim_prefix|>…<|fim_suffix|>…<|fim_middle|>`), for routers that will serve editors.
+    #[arg(long)]
+    pub fim: bool,
 }
 
 /// Lists public, documented, pure-Python functions of some standard-library modules as
 /// JSON lines {module, name, stub}; the stub is the signature and docstring.
 const STDLIB_SCRIPT: &str = r#"
-import importlib, inspect, json, sys
+import ast, importlib, inspect, json, re, sys, textwrap, zlib
 MODULES = """base64 bisect calendar colorsys csv difflib email.utils fnmatch fractions ftplib
 glob gzip heapq html html.parser http.cookies ipaddress json keyword linecache locale
 mimetypes ntpath numbers operator os os.path pathlib pprint quopri random re shlex shutil
@@ -94,6 +99,22 @@ statistics string tarfile tempfile textwrap tokenize urllib.parse uuid wave zipf
 collections functools itertools datetime decimal enum inspect typing dataclasses
 configparser argparse logging copy contextlib graphlib secrets hashlib hmac struct
 """.split()
+def fim(f, qual):
+    """The function's source split around one line of its body after the docstring (chosen
+    by a checksum of its name), or None."""
+    try:
+        src = textwrap.dedent(inspect.getsource(f))
+        node = ast.parse(src).body[0]
+        body = node.body
+        start = body[0].end_lineno if ast.get_docstring(node) is not None else body[0].lineno - 1
+    except Exception:
+        return None
+    lines = src.splitlines(keepends=True)
+    cands = [i for i in range(start, len(lines)) if lines[i].strip() and not lines[i].strip().startswith('#')]
+    if not cands:
+        return None
+    i = cands[zlib.crc32(qual.encode()) % len(cands)]
+    return {"prefix": "".join(lines[:i]), "middle": lines[i], "suffix": "".join(lines[i + 1:])}
 seen = set()
 per_module = {}
 for name in MODULES:
@@ -116,7 +137,9 @@ for name in MODULES:
         if not doc or len(doc) < 60 or len(doc) > 1500:
             continue
         try:
-            sig = str(inspect.signature(f))
+            # Default values print as `<… object at 0x…>`: no addresses, so that the
+            # listing is the same on every run.
+            sig = re.sub(r" at 0x[0-9a-fA-F]+", "", str(inspect.signature(f)))
         except (TypeError, ValueError):
             continue
         fname = qual.split(".")[-1]
@@ -126,7 +149,7 @@ for name in MODULES:
         seen.add(key)
         body = "\n".join("    " + l if l else "" for l in doc.splitlines())
         stub = f'def {fname}{sig}:\n    """\n{body}\n    """\n'
-        per_module.setdefault(name, []).append({"module": name, "name": qual, "stub": stub})
+        per_module.setdefault(name, []).append({"module": name, "name": qual, "stub": stub, "fim": fim(f, qual)})
 # Round-robin across modules, so that any prefix (--limit) spans the library.
 queues = [per_module[m] for m in MODULES if m in per_module]
 while any(queues):
@@ -138,6 +161,11 @@ while any(queues):
 /// The instruction wrapped around each stub (a generic code-completion task).
 pub const STDLIB_INSTRUCTION: &str =
     "Complete the following Python function. Answer with the whole function in a Python code block.";
+
+/// Qwen2.5-Coder's (and StarCoder2's) fill-in-the-middle tokens.
+const FIM_PREFIX: &str = "<|fim_prefix|>";
+const FIM_SUFFIX: &str = "<|fim_suffix|>";
+const FIM_MIDDLE: &str = "<|fim_middle|>";
 
 /// Write the stdlib prompt set; returns how many prompts were written.
 pub fn write_stdlib_prompts(a: &PromptsArgs) -> Result<usize> {
@@ -155,12 +183,32 @@ pub fn write_stdlib_prompts(a: &PromptsArgs) -> Result<usize> {
     let listing = String::from_utf8_lossy(&out.stdout);
     let mut f = std::fs::File::create(&a.out).map_err(|e| TrainError::file(&a.out, e))?;
     let mut n = 0;
-    for line in listing.lines().take(a.limit) {
+    for line in listing.lines() {
+        if n == a.limit {
+            break;
+        }
         let v: serde_json::Value = serde_json::from_str(line)
             .map_err(|e| TrainError::Input(format!("stdlib listing: {e}")))?;
-        let stub = v["stub"].as_str().unwrap_or_default();
-        let prompt = format!("{STDLIB_INSTRUCTION}\n\n```python\n{stub}```");
-        let row = serde_json::json!({"prompt": prompt, "source": format!("{}.{}", v["module"].as_str().unwrap_or(""), v["name"].as_str().unwrap_or(""))});
+        let source = format!(
+            "{}.{}",
+            v["module"].as_str().unwrap_or(""),
+            v["name"].as_str().unwrap_or("")
+        );
+        let row = if a.fim {
+            let part = |k: &str| v["fim"][k].as_str().map(str::to_string);
+            let (Some(prefix), Some(middle), Some(suffix)) =
+                (part("prefix"), part("middle"), part("suffix"))
+            else {
+                continue;
+            };
+            // Raw text (`label` reads `text` without a chat template); `middle` is the
+            // line left out, kept for reference.
+            serde_json::json!({"text": format!("{FIM_PREFIX}{prefix}{FIM_SUFFIX}{suffix}{FIM_MIDDLE}"), "middle": middle, "source": source})
+        } else {
+            let stub = v["stub"].as_str().unwrap_or_default();
+            let prompt = format!("{STDLIB_INSTRUCTION}\n\n```python\n{stub}```");
+            serde_json::json!({"prompt": prompt, "source": source})
+        };
         writeln!(f, "{row}").map_err(|e| TrainError::file(&a.out, e))?;
         n += 1;
     }
@@ -211,9 +259,20 @@ mod tests {
             out: dir.path().join("s.jsonl"),
             limit: 25,
             python: "python3".into(),
+            fim: false,
         };
         let n = write_stdlib_prompts(&a).unwrap();
         assert_eq!(n, 25);
+        // The same listing on every run (no object addresses in default values).
+        let all = PromptsArgs {
+            out: dir.path().join("all.jsonl"),
+            limit: 2000,
+            ..a.clone()
+        };
+        write_stdlib_prompts(&all).unwrap();
+        let first = std::fs::read(&all.out).unwrap();
+        write_stdlib_prompts(&all).unwrap();
+        assert_eq!(std::fs::read(&all.out).unwrap(), first);
         let got = read_prompts(&a.out, false).unwrap();
         let Prompt::Chat(m) = &got[0] else {
             panic!("chat prompt")
@@ -225,5 +284,41 @@ mod tests {
             ..a
         };
         assert!(write_stdlib_prompts(&bad).is_err());
+    }
+
+    #[test]
+    fn fim_prompts_leave_one_body_line_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = PromptsArgs {
+            out: dir.path().join("f.jsonl"),
+            limit: 20,
+            python: "python3".into(),
+            fim: true,
+        };
+        assert_eq!(write_stdlib_prompts(&a).unwrap(), 20);
+        let text = std::fs::read_to_string(&a.out).unwrap();
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let t = v["text"].as_str().unwrap();
+            let middle = v["middle"].as_str().unwrap();
+            let rest = t.strip_prefix(FIM_PREFIX).unwrap();
+            let (prefix, rest) = rest.split_once(FIM_SUFFIX).unwrap();
+            let suffix = rest.strip_suffix(FIM_MIDDLE).unwrap();
+            // The three parts are the function again, the middle one line of its body.
+            let whole = format!("{prefix}{middle}{suffix}");
+            assert!(
+                whole.trim_start().starts_with("def ") || whole.contains("\ndef "),
+                "{whole}"
+            );
+            assert_eq!(
+                middle.trim_end_matches('\n').lines().count(),
+                1,
+                "{middle:?}"
+            );
+            assert!(!middle.trim().is_empty() && !middle.trim().starts_with('#'));
+            assert!(prefix.contains("def "), "the signature is in the prefix");
+        }
+        let got = read_prompts(&a.out, false).unwrap();
+        assert!(matches!(&got[0], Prompt::Raw(t) if t.starts_with(FIM_PREFIX)));
     }
 }
