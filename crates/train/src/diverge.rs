@@ -11,11 +11,10 @@
 //! continuations without the model.
 
 use crate::judge::{self, JudgeKind, Verifier};
-use crate::label::{progress, read_meta, shard_count};
+use crate::label::{progress, prompts_sha256, read_meta, shard_count};
 use crate::prompts::{encode, read_prompts};
 use crate::shard::{self, Features};
 use crate::{Result, TrainError};
-use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -152,10 +151,7 @@ pub fn run(a: &DivergeArgs) -> Result<DivergeStats> {
     }
     let meta = read_meta(&a.data)?;
     let get = |k: &str| meta.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
-    let prompts_sha = {
-        let bytes = std::fs::read(&a.prompts).map_err(|e| TrainError::file(&a.prompts, e))?;
-        format!("{:x}", Sha256::digest(&bytes))
-    };
+    let prompts_sha = prompts_sha256(&a.prompts)?;
     if meta.get("prompts_sha256").and_then(|v| v.as_str()) != Some(prompts_sha.as_str()) {
         return Err(TrainError::file(
             &a.prompts,

@@ -105,10 +105,7 @@ pub fn run(a: &LabelArgs) -> Result<LabelStats> {
     if prompts.is_empty() {
         return Err(TrainError::Input("--limit 0 leaves no prompts".into()));
     }
-    let prompts_sha = {
-        let bytes = std::fs::read(&a.prompts).map_err(|e| TrainError::file(&a.prompts, e))?;
-        format!("{:x}", Sha256::digest(&bytes))
-    };
+    let prompts_sha = prompts_sha256(&a.prompts)?;
     let config = EngineConfig::from_file(&a.config)?;
     let (mut models, vocab) = load_config_models(&config)?;
     if models.len() < 2 {
@@ -240,6 +237,12 @@ pub(crate) fn progress(hidden: bool, len: u64, doing: &str, what: &str) -> indic
         bar.set_style(style);
     }
     bar
+}
+
+/// The prompt file's sha256 (hex), which a label directory records.
+pub fn prompts_sha256(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| TrainError::file(path, e))?;
+    Ok(format!("{:x}", Sha256::digest(&bytes)))
 }
 
 /// A label directory's metadata (`labels.json`).
