@@ -46,7 +46,8 @@ pub struct LabelArgs {
     /// Top logits kept per position (R2R reads 100).
     #[arg(long, default_value_t = 100)]
     pub top_k: usize,
-    /// Use only the first N prompts.
+    /// Use only the first N prompts. A later run with a larger N (or none) in the same
+    /// --out extends the labels when N is a multiple of --shard-size.
     #[arg(long)]
     pub limit: Option<usize>,
     #[arg(long)]
@@ -265,24 +266,59 @@ pub fn shard_count(meta: &serde_json::Value) -> usize {
 
 fn check_or_write_meta(dir: &Path, meta: &serde_json::Value) -> Result<()> {
     let path = dir.join(META_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let old: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| TrainError::file(&path, e))?;
-            if &old != meta {
-                return Err(TrainError::file(
-                    &path,
-                    "this directory holds labels of other inputs (pair, prompts or options differ); use a new --out",
-                ));
-            }
-            Ok(())
-        }
-        Err(_) => std::fs::write(
-            &path,
-            serde_json::to_string_pretty(meta).unwrap_or_default(),
-        )
-        .map_err(|e| TrainError::file(&path, e)),
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return write_meta(&path, meta);
+    };
+    let old: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| TrainError::file(&path, e))?;
+    if &old == meta {
+        return Ok(());
     }
+    match grows(&old, meta) {
+        Growth::Whole => write_meta(&path, meta),
+        Growth::Partial(n) => Err(TrainError::file(
+            &path,
+            format!("this directory holds labels of the first {n} prompts, which end inside a shard; a larger --limit extends only labels that end on a shard boundary (a multiple of --shard-size); use a new --out"),
+        )),
+        Growth::No => Err(TrainError::file(
+            &path,
+            "this directory holds labels of other inputs (pair, prompts or options differ); use a new --out",
+        )),
+    }
+}
+
+/// Whether `new` labels more of the same prompt file than `old` did (a larger `--limit`).
+enum Growth {
+    /// Yes, and `old` ends on a shard boundary: its shards stay valid and are kept.
+    Whole,
+    /// Yes, but `old`'s last shard is partial: it would have to hold other prompts now.
+    Partial(u64),
+    No,
+}
+
+fn grows(old: &serde_json::Value, new: &serde_json::Value) -> Growth {
+    let count = |v: &serde_json::Value| v.get("prompts").and_then(|p| p.as_u64());
+    let (Some(old_n), Some(new_n)) = (count(old), count(new)) else {
+        return Growth::No;
+    };
+    let mut same = old.clone();
+    if let Some(obj) = same.as_object_mut() {
+        obj.insert("prompts".into(), new_n.into());
+    }
+    if &same != new || old_n >= new_n {
+        return Growth::No;
+    }
+    let shard_size = new.get("shard_size").and_then(|v| v.as_u64()).unwrap_or(1);
+    if old_n % shard_size.max(1) == 0 {
+        Growth::Whole
+    } else {
+        Growth::Partial(old_n)
+    }
+}
+
+fn write_meta(path: &Path, meta: &serde_json::Value) -> Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(meta).unwrap_or_default())
+        .map_err(|e| TrainError::file(path, e))
 }
 
 struct ShardInfo {

@@ -1,5 +1,5 @@
 //! Router training end to end on a tiny synthetic pair: labels against a brute-force
-//! recomputation, resumption, bad inputs, a planted signal learnt to AUC >= 0.95,
+//! recomputation, resumption (and a larger `--limit`), bad inputs, a planted signal learnt to AUC >= 0.95,
 //! reproducibility by seed, and the written router loaded by the `r2r` method with the
 //! trainer's probabilities, then served.
 
@@ -147,6 +147,56 @@ fn labels_equal_a_brute_force_recomputation_and_resume() {
         .unwrap_err()
         .to_string()
         .contains("not a label shard"));
+}
+
+#[test]
+fn a_larger_limit_extends_labels_that_end_on_a_shard_boundary() {
+    let p = pair();
+    let cfg = pair_config(&p, &p.large, "");
+    let prompts = write_prompts(p.dir.path(), 5);
+    let whole = p.dir.path().join("whole");
+    let all = label::run(&label_args(cfg.clone(), prompts.clone(), whole.clone())).unwrap();
+    // Four prompts (two whole shards of two), then all five: the two shards are kept.
+    let grown = p.dir.path().join("grown");
+    let first = LabelArgs {
+        limit: Some(4),
+        ..label_args(cfg.clone(), prompts.clone(), grown.clone())
+    };
+    assert_eq!(label::run(&first).unwrap().prompts, 4);
+    let more = label::run(&label_args(cfg.clone(), prompts.clone(), grown.clone())).unwrap();
+    assert_eq!(
+        (
+            more.prompts,
+            more.shards_resumed,
+            more.positions,
+            more.mismatches
+        ),
+        (5, 2, all.positions, all.mismatches)
+    );
+    for s in 0..3 {
+        assert_eq!(
+            std::fs::read(shard::shard_path(&grown, s)).unwrap(),
+            std::fs::read(shard::shard_path(&whole, s)).unwrap(),
+            "shard {s}"
+        );
+    }
+    // A smaller limit afterwards is other inputs, not a silent truncation.
+    let e = label::run(&first).unwrap_err().to_string();
+    assert!(e.contains("other inputs"), "{e}");
+    // Three prompts end inside the second shard: growing them would mix prompts in it.
+    let partial = p.dir.path().join("partial");
+    label::run(&LabelArgs {
+        limit: Some(3),
+        ..label_args(cfg.clone(), prompts.clone(), partial.clone())
+    })
+    .unwrap();
+    let e = label::run(&label_args(cfg, prompts, partial))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("first 3 prompts") && e.contains("shard boundary"),
+        "{e}"
+    );
 }
 
 #[test]
