@@ -49,6 +49,11 @@ pub struct SamplingParams {
     /// after the rest of it (a one-id sequence: never).
     #[serde(default)]
     pub bad_words: Vec<Vec<u32>>,
+    /// llama.cpp's `repeat_last_n`: `Some(n)` makes all three penalties count the last n
+    /// tokens of prompt and output (0: no penalties); `None` is vLLM's rule: the repetition
+    /// penalty over prompt and output, presence and frequency over the output.
+    #[serde(default)]
+    pub penalty_last_n: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -66,6 +71,7 @@ impl Default for SamplingParams {
             min_tokens: 0,
             allowed_token_ids: None,
             bad_words: Vec::new(),
+            penalty_last_n: None,
         }
     }
 }

@@ -252,6 +252,9 @@ impl Req {
     /// Drop the last `n` output tokens (a receiver refused part of a delta).
     pub fn drop_last(&mut self, n: usize) {
         let keep = self.output.len().saturating_sub(n);
+        if keep == self.output.len() {
+            return;
+        }
         if let Some(grammar) = self.grammar.as_mut() {
             if let Err(e) = grammar.rollback(self.output.len() - keep) {
                 self.fault = Some(e.to_string());
@@ -259,6 +262,7 @@ impl Req {
         }
         self.output.truncate(keep);
         self.sources.truncate(keep);
+        self.sampler.rewind(&self.prompt, &self.output);
         self.low_water = self.low_water.min(self.total_len());
     }
 
@@ -307,8 +311,11 @@ impl Req {
                 grammar.accept(t).map_err(|e| e.to_string())?;
             }
         }
-        self.output.truncate(anchor - p);
-        self.sources.truncate(anchor - p);
+        if self.output.len() > anchor - p {
+            self.output.truncate(anchor - p);
+            self.sources.truncate(anchor - p);
+            self.sampler.rewind(&self.prompt, &self.output);
+        }
         for (&t, &s) in tokens.iter().zip(sources) {
             self.sampler.observe(t);
             self.output.push(t);
@@ -317,7 +324,7 @@ impl Req {
         Ok(())
     }
 
-    /// A first contact's output: appended as it was, counts already restored.
+    /// A first contact's output: appended as it was, the sampler already restored from it.
     pub(crate) fn set_output(&mut self, output: Vec<u32>, sources: Vec<ModelIndex>) {
         self.output = output;
         self.sources = sources;
@@ -377,6 +384,25 @@ mod tests {
             router_score: None,
             rank: None,
         }
+    }
+
+    /// Penalties count the tokens the answer holds: one a model dropped (or a remote's
+    /// delta replaced) is no longer penalised.
+    #[test]
+    fn dropped_tokens_leave_the_penalty_counts() {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut c = SamplingParams::greedy();
+        c.frequency_penalty = 0.5;
+        let s = Sampler::new(c, 1, &[1, 2]);
+        let mut r = Req::new(7, vec![1, 2], s, 1, 100, vec![], None, 0, tx);
+        for t in [5, 6, 6] {
+            r.push_token(tok(t, 0));
+        }
+        r.drop_last(1);
+        assert_eq!(r.sampler.counts(), vec![(5, 1), (6, 1)]);
+        r.apply_delta(2, &[9], &[1]).unwrap();
+        assert_eq!(r.output, vec![9]);
+        assert_eq!(r.sampler.counts(), vec![(9, 1)]);
     }
 
     #[test]

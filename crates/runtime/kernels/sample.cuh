@@ -134,8 +134,8 @@ __device__ float race_search(const float* row, const unsigned char* ok, int limi
 }
 
 // Penalties and bias on a copy of the logits: entries [n, 5] f32 (row, id, sub, rep, bias), at
-// most one per (row, id): x - sub, then / rep when positive and * rep otherwise, then + bias
-// (race.rs `Adjust::apply`).
+// most one per (row, id): x + bias, then / rep when positive and * rep otherwise, then - sub
+// (vLLM's and llama.cpp's order; race.rs `Adjust::apply`).
 extern "C" __global__ void adjust_logits_f32(float* __restrict__ logits, int limit,
                                              const float* __restrict__ entries, int n) {
     pdl_begin();
@@ -143,10 +143,10 @@ extern "C" __global__ void adjust_logits_f32(float* __restrict__ logits, int lim
     if (e >= n) return;
     const float* en = entries + 5 * (long long)e;
     float* at = logits + (long long)en[0] * limit + (long long)en[1];
-    float x = __fsub_rn(*at, en[2]);
+    float x = __fadd_rn(*at, en[4]);
     const float rep = en[3];
     if (rep != 1.f) x = x > 0.f ? __fdiv_rn(x, rep) : __fmul_rn(x, rep);
-    *at = __fadd_rn(x, en[4]);
+    *at = __fsub_rn(x, en[2]);
 }
 
 // raw [rows, limit] f32 (the model's logits); sel: the logits the token is chosen from (raw

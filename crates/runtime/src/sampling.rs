@@ -6,7 +6,7 @@ use rand::{Rng, SeedableRng};
 // `rand::rngs::StdRng` is this generator (rand 0.9); naming it gives access to the stream
 // position, so a request's sampler can continue in another process (remote sub-servers).
 use rand_chacha::ChaCha12Rng;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 pub use tokenrouter_api::SamplingParams;
 
@@ -35,6 +35,9 @@ pub struct Sampler {
     adjust: Vec<race::Adjust>,
     /// Where each id's entry is in `adjust`.
     adjust_at: HashMap<u32, usize>,
+    /// llama.cpp's penalty window (`config.penalty_last_n`): the last tokens of the prompt
+    /// and output, oldest first, whose counts all three penalties read. Empty without one.
+    window: VecDeque<u32>,
 }
 
 /// `e^x`, accurate to ~2e-7 relative, written so loops over a row auto-vectorise (a row
@@ -212,17 +215,40 @@ impl Sampler {
             counts: HashMap::new(),
             adjust: Vec::new(),
             adjust_at: HashMap::new(),
+            window: VecDeque::new(),
         };
-        if s.config.repetition_penalty != 1.0 {
-            let penalty = s.config.repetition_penalty;
-            for &tok in prompt {
-                s.entry(tok).rep = penalty;
-            }
-        }
         for (tok, b) in s.config.logit_bias.clone() {
             s.entry(tok).bias += b;
         }
+        match s.config.penalty_last_n {
+            // vLLM: the repetition penalty covers the prompt, the others only the output.
+            None if s.config.repetition_penalty != 1.0 => {
+                let penalty = s.config.repetition_penalty;
+                for &tok in prompt {
+                    s.entry(tok).rep = penalty;
+                }
+            }
+            None => {}
+            // llama.cpp: all three cover the window, prompt tokens included.
+            Some(n) => {
+                for &tok in &prompt[prompt.len().saturating_sub(n)..] {
+                    s.observe(tok);
+                }
+            }
+        }
         s
+    }
+
+    /// Rebuild the penalty state from the tokens the request holds now, the RNG left where
+    /// it is: after output tokens were taken back (a model refused part of a hand-off), so
+    /// that the penalties never count a token the answer does not contain.
+    pub fn rewind(&mut self, prompt: &[u32], output: &[u32]) {
+        let mut fresh = Self::new(self.config.clone(), 0, prompt);
+        fresh.rng = self.rng.clone();
+        for &t in output {
+            fresh.observe(t);
+        }
+        *self = fresh;
     }
 
     /// `id`'s adjustment entry, added (changing nothing yet) if it has none.
@@ -239,8 +265,16 @@ impl Sampler {
         &mut self.adjust[at]
     }
 
-    /// Sets `token`'s count to `n` (at least 1) and its entry to match.
+    /// Sets `token`'s count to `n` and its entry to match; 0 (a token gone from the penalty
+    /// window) takes its penalties away.
     fn set_count(&mut self, token: u32, n: u32) {
+        if n == 0 {
+            self.counts.remove(&token);
+            if let Some(&at) = self.adjust_at.get(&token) {
+                (self.adjust[at].sub, self.adjust[at].rep) = (0.0, 1.0);
+            }
+            return;
+        }
         self.counts.insert(token, n);
         let c = &self.config;
         let (sub, rep) = (
@@ -256,21 +290,20 @@ impl Sampler {
         }
     }
 
-    /// Rebuild a sampler elsewhere from what [`Sampler::rng_position`] and
-    /// [`Sampler::counts`] report: it then draws exactly what the original would draw next.
+    /// Rebuild a sampler elsewhere from the request's tokens and what
+    /// [`Sampler::rng_position`] reports: it then draws exactly what the original would
+    /// draw next.
     pub fn restore(
         config: SamplingParams,
         seed: u64,
         prompt: &[u32],
+        output: &[u32],
         rng_position: u128,
-        counts: &[(u32, u32)],
     ) -> Self {
         let mut s = Self::new(config, seed, prompt);
         s.set_rng_position(rng_position);
-        for &(token, n) in counts {
-            if n > 0 {
-                s.set_count(token, n);
-            }
+        for &t in output {
+            s.observe(t);
         }
         s
     }
@@ -285,7 +318,8 @@ impl Sampler {
         self.rng.set_word_pos(position);
     }
 
-    /// The penalty counts (token, times seen in the output), sorted by token.
+    /// The penalty counts (token, times seen in the output, or in the window where the
+    /// config has one), sorted by token.
     pub fn counts(&self) -> Vec<(u32, u32)> {
         let mut v: Vec<(u32, u32)> = self.counts.iter().map(|(&t, &n)| (t, n)).collect();
         v.sort_unstable();
@@ -294,8 +328,20 @@ impl Sampler {
 
     /// Record a token that became part of the output (from whichever model).
     pub fn observe(&mut self, token: u32) {
-        let n = self.counts.get(&token).map_or(1, |n| n + 1);
-        self.set_count(token, n);
+        let count = |s: &Self, t: u32| s.counts.get(&t).copied().unwrap_or(0);
+        match self.config.penalty_last_n {
+            None => self.set_count(token, count(self, token) + 1),
+            Some(0) => {}
+            Some(n) => {
+                self.window.push_back(token);
+                self.set_count(token, count(self, token) + 1);
+                if self.window.len() > n {
+                    if let Some(old) = self.window.pop_front() {
+                        self.set_count(old, count(self, old).saturating_sub(1));
+                    }
+                }
+            }
+        }
     }
 
     /// Sample from `logits`; ids at or above `limit` (padding) are never chosen.

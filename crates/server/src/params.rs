@@ -367,6 +367,8 @@ fn sampling_params(f: &CommonFields) -> Result<SamplingParams, ApiError> {
             .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX)),
         allowed_token_ids: f.allowed_token_ids.clone(),
         bad_words: Vec::new(),
+        // vLLM's rule (llama.cpp's window is for its own endpoints).
+        penalty_last_n: None,
     };
     sampling
         .validate()

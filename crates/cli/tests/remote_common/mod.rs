@@ -109,6 +109,10 @@ pub fn params(seeded: bool, i: usize) -> GenerateParams {
             temperature: 0.8,
             top_p: 0.9,
             presence_penalty: 0.5,
+            // Every other prompt under llama.cpp's penalty window, which the remote rebuilds
+            // from the tokens.
+            repetition_penalty: 1.2,
+            penalty_last_n: (i % 2 == 1).then_some(5),
             seed: Some(100 + i as u64),
             ..Default::default()
         };

@@ -32,6 +32,7 @@ fn sampling_to_pb(s: &SamplingParams) -> pb::Sampling {
             .iter()
             .map(|ids| pb::TokenList { ids: ids.clone() })
             .collect(),
+        penalty_last_n: s.penalty_last_n.map(|n| n.min(u32::MAX as usize) as u32),
     }
 }
 
@@ -49,6 +50,11 @@ fn sampling_from_pb(s: &pb::Sampling) -> SamplingParams {
         min_tokens: s.min_tokens as usize,
         allowed_token_ids: s.allowed_token_ids.as_ref().map(|l| l.ids.clone()),
         bad_words: s.bad_words.iter().map(|l| l.ids.clone()).collect(),
+        // u32::MAX stands for "the whole context" (llama.cpp's -1).
+        penalty_last_n: s.penalty_last_n.map(|n| match n {
+            u32::MAX => usize::MAX,
+            n => n as usize,
+        }),
     }
 }
 
@@ -67,12 +73,8 @@ pub(crate) fn handoff(req: &Req, remote_len: Option<usize>, seq: u64) -> pb::Han
         pinned: req.pinned.map(|m| m as u32),
         top_logprobs: req.top_logprobs as u32,
         routing: req.routing.0.clone().into_iter().collect(),
-        counts: req
-            .sampler
-            .counts()
-            .into_iter()
-            .map(|(id, n)| pb::TokenCount { id, n })
-            .collect(),
+        // Since v6 the remote rebuilds the penalties from the tokens.
+        counts: Vec::new(),
         prompt_logprobs: req.prompt_logprobs.map(|k| k as u32),
         constraint: req
             .constraint
@@ -118,9 +120,8 @@ pub(crate) fn mirror_from_first(h: &pb::Handoff, sink: EventSink) -> Result<Req,
         .map(sampling_from_pb)
         .unwrap_or_default();
     let prompt = h.tokens[..p].to_vec();
-    let counts: Vec<(u32, u32)> = first.counts.iter().map(|c| (c.id, c.n)).collect();
     let rng = rng_pos_from(&h.rng_word_pos).map_err(|e| e.to_string())?;
-    let sampler = Sampler::restore(sampling, first.seed, &prompt, rng, &counts);
+    let sampler = Sampler::restore(sampling, first.seed, &prompt, &h.tokens[p..], rng);
     let mut req = Req::new(
         h.rid,
         prompt,
@@ -224,6 +225,7 @@ mod tests {
         c.min_tokens = 4;
         c.allowed_token_ids = Some(vec![11, 12, 13, 14, 15]);
         c.bad_words = vec![vec![12, 12], vec![7]];
+        c.penalty_last_n = Some(4);
         let s = Sampler::new(c, 9, &p);
         (Req::new(3, p, s, 9, 100, vec![2], None, 0, tx), rx)
     }

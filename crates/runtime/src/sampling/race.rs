@@ -80,9 +80,9 @@ pub fn gumbel(key: u64, id: u32) -> f32 {
     -(-uniform(key, id).ln()).ln()
 }
 
-/// A change penalties or bias make to one id's logit, in the host sampler's order:
-/// `x - sub` (presence and frequency penalties), then divided by `rep` when positive and
-/// multiplied by it otherwise (the repetition penalty; 1 = none), then `+ bias`.
+/// A change penalties or bias make to one id's logit, in vLLM's and llama.cpp's order:
+/// `x + bias`, then divided by `rep` when positive and multiplied by it otherwise (the
+/// repetition penalty; 1 = none), then `- sub` (frequency and presence penalties).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Adjust {
     pub id: u32,
@@ -93,11 +93,11 @@ pub struct Adjust {
 
 impl Adjust {
     pub fn apply(&self, x: f32) -> f32 {
-        let mut x = x - self.sub;
+        let mut x = x + self.bias;
         if self.rep != 1.0 {
             x = if x > 0.0 { x / self.rep } else { x * self.rep };
         }
-        x + self.bias
+        x - self.sub
     }
 }
 

@@ -157,24 +157,29 @@ fn chacha12_stream_equals_stdrng() {
 
 #[test]
 fn restore_continues_the_same_stream() {
-    let mut c = cfg();
-    c.temperature = 0.9;
-    c.presence_penalty = 0.7;
-    let logits: Vec<f32> = (0..64).map(|i| (i % 9) as f32 * 0.25).collect();
-    let mut original = Sampler::new(c.clone(), 11, &[3, 4]);
-    for _ in 0..7 {
-        let t = original.sample(&logits, 64, 0).token;
-        original.observe(t);
+    for window in [None, Some(3)] {
+        let mut c = cfg();
+        c.temperature = 0.9;
+        c.presence_penalty = 0.7;
+        c.penalty_last_n = window;
+        let logits: Vec<f32> = (0..64).map(|i| (i % 9) as f32 * 0.25).collect();
+        let mut original = Sampler::new(c.clone(), 11, &[3, 4]);
+        let mut output = Vec::new();
+        for _ in 0..7 {
+            let t = original.sample(&logits, 64, 0).token;
+            original.observe(t);
+            output.push(t);
+        }
+        let mut copy = Sampler::restore(c, 11, &[3, 4], &output, original.rng_position());
+        assert!(original.rng_position() > 0);
+        for _ in 0..20 {
+            let (a, b) = (original.sample(&logits, 64, 0), copy.sample(&logits, 64, 0));
+            assert_eq!(a, b, "window {window:?}");
+            original.observe(a.token);
+            copy.observe(b.token);
+        }
+        assert_eq!(original.counts(), copy.counts());
     }
-    let mut copy = Sampler::restore(c, 11, &[3, 4], original.rng_position(), &original.counts());
-    assert!(original.rng_position() > 0);
-    for _ in 0..20 {
-        let (a, b) = (original.sample(&logits, 64, 0), copy.sample(&logits, 64, 0));
-        assert_eq!(a, b);
-        original.observe(a.token);
-        copy.observe(b.token);
-    }
-    assert_eq!(original.counts(), copy.counts());
 }
 
 #[test]
@@ -262,7 +267,7 @@ fn the_repetition_penalty_applies_once_to_an_id_in_prompt_and_output() {
 /// sampling and by device draws alike) change each logit as the penalty rules say, written
 /// out here on their own: presence and frequency from the output's counts, the repetition
 /// penalty once over the prompt and the output, the bias summed per id. A sampler restored
-/// from counts carries the same entries.
+/// from the tokens carries the same entries.
 #[test]
 fn adjustments_follow_the_penalty_rules() {
     use std::collections::{HashMap, HashSet};
@@ -280,16 +285,21 @@ fn adjustments_follow_the_penalty_rules() {
         let prompt: Vec<u32> = (0..6).map(|_| rng.random_range(0..n)).collect();
         let mut s = Sampler::new(c.clone(), 0, &prompt);
         let mut counts: HashMap<u32, u32> = HashMap::new();
+        let mut output = Vec::new();
         for _ in 0..rng.random_range(0..12) {
             let t = rng.random_range(0..n);
             s.observe(t);
+            output.push(t);
             *counts.entry(t).or_default() += 1;
         }
+        // vLLM's order: the bias, then the repetition penalty, then frequency and presence.
         let expected = |id: u32, x: f32| {
-            let mut x = x;
-            if let Some(&k) = counts.get(&id) {
-                x -= presence + frequency * k as f32;
-            }
+            let mut x = x + c
+                .logit_bias
+                .iter()
+                .filter(|(t, _)| *t == id)
+                .map(|(_, b)| b)
+                .sum::<f32>();
             let seen = prompt.contains(&id) || counts.contains_key(&id);
             if seen && c.repetition_penalty != 1.0 {
                 x = if x > 0.0 {
@@ -298,12 +308,10 @@ fn adjustments_follow_the_penalty_rules() {
                     x * c.repetition_penalty
                 };
             }
-            x + c
-                .logit_bias
-                .iter()
-                .filter(|(t, _)| *t == id)
-                .map(|(_, b)| b)
-                .sum::<f32>()
+            if let Some(&k) = counts.get(&id) {
+                x -= presence + frequency * k as f32;
+            }
+            x
         };
         let entries = s.adjustments();
         let ids: HashSet<u32> = entries.iter().map(|a| a.id).collect();
@@ -320,7 +328,7 @@ fn adjustments_follow_the_penalty_rules() {
                 expected(id, x)
             );
         }
-        let restored = Sampler::restore(c, 0, &prompt, 0, &s.counts());
+        let restored = Sampler::restore(c, 0, &prompt, &output, 0);
         let key = |a: &crate::sampling::race::Adjust| {
             (a.id, a.sub.to_bits(), a.rep.to_bits(), a.bias.to_bits())
         };
@@ -337,5 +345,100 @@ fn adjustments_follow_the_penalty_rules() {
         a.sort_unstable();
         b.sort_unstable();
         assert_eq!(a, b, "case {case}: restored entries");
+    }
+}
+
+/// llama.cpp's `repeat_last_n`: all three penalties count the last n tokens of the prompt
+/// and output, and a token that leaves the window is no longer penalised.
+#[test]
+fn a_penalty_window_counts_only_its_last_tokens() {
+    use std::collections::HashMap;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    for case in 0..200 {
+        let vocab = 12u32;
+        let mut c = cfg();
+        let window = [0usize, 1, 3, 8][case % 4];
+        c.penalty_last_n = Some(window);
+        (c.presence_penalty, c.frequency_penalty) = [(0.5, 0.25), (0.0, -0.3)][(case / 4) % 2];
+        c.repetition_penalty = [1.3, 1.0][(case / 8) % 2];
+        if case % 3 == 0 {
+            c.logit_bias = vec![(2, 1.5)];
+        }
+        let prompt: Vec<u32> = (0..rng.random_range(1..6))
+            .map(|_| rng.random_range(0..vocab))
+            .collect();
+        let mut s = Sampler::new(c.clone(), 0, &prompt);
+        let mut all = prompt.clone();
+        for _ in 0..rng.random_range(0..15) {
+            let t = rng.random_range(0..vocab);
+            s.observe(t);
+            all.push(t);
+        }
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &t in &all[all.len().saturating_sub(window)..] {
+            *counts.entry(t).or_default() += 1;
+        }
+        let mut want_counts: Vec<(u32, u32)> = counts.iter().map(|(&t, &k)| (t, k)).collect();
+        want_counts.sort_unstable();
+        assert_eq!(s.counts(), want_counts, "case {case}");
+        let entries = s.adjustments();
+        for id in 0..vocab {
+            let x = rng.random_range(-4.0f32..4.0);
+            let mut want = x + if id == 2 && case % 3 == 0 { 1.5 } else { 0.0 };
+            if let Some(&k) = counts.get(&id) {
+                if c.repetition_penalty != 1.0 {
+                    want = if want > 0.0 {
+                        want / c.repetition_penalty
+                    } else {
+                        want * c.repetition_penalty
+                    };
+                }
+                want -= c.presence_penalty + c.frequency_penalty * k as f32;
+            }
+            let got = entries
+                .iter()
+                .find(|a| a.id == id)
+                .map_or(x, |a| a.apply(x));
+            assert!(
+                (got - want).abs() < 1e-5,
+                "case {case} id {id}: {got} vs {want}"
+            );
+        }
+    }
+}
+
+/// Taking output tokens back (a model refused part of a hand-off) takes their penalties
+/// back: the sampler equals one that never saw them, and its RNG stays where it was.
+#[test]
+fn rewind_forgets_tokens_taken_back() {
+    for window in [None, Some(2)] {
+        let mut c = cfg();
+        c.temperature = 0.8;
+        c.repetition_penalty = 1.4;
+        c.frequency_penalty = 0.6;
+        c.penalty_last_n = window;
+        let logits: Vec<f32> = (0..16).map(|i| (i % 5) as f32 * 0.5).collect();
+        let prompt = [1, 2, 3];
+        let mut s = Sampler::new(c.clone(), 4, &prompt);
+        for _ in 0..5 {
+            let t = s.sample(&logits, 16, 0).token;
+            s.observe(t);
+        }
+        let kept = [9, 9, 4];
+        let mut never = Sampler::restore(c.clone(), 4, &prompt, &kept, s.rng_position());
+        let mut taken_back = Sampler::restore(c, 4, &prompt, &kept, s.rng_position());
+        taken_back.observe(7);
+        taken_back.observe(9);
+        taken_back.rewind(&prompt, &kept);
+        assert_eq!(taken_back.counts(), never.counts(), "window {window:?}");
+        for _ in 0..10 {
+            let (a, b) = (
+                taken_back.sample(&logits, 16, 0),
+                never.sample(&logits, 16, 0),
+            );
+            assert_eq!(a, b, "window {window:?}");
+            taken_back.observe(a.token);
+            never.observe(b.token);
+        }
     }
 }

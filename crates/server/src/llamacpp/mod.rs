@@ -1,7 +1,8 @@
 //! llama.cpp's native `POST /completion` and `POST /infill` bodies, as llama.cpp's own web
 //! UI, editor plugins (llama.vscode, llama.vim) and scripts send them: `prompt` (text,
 //! token ids, a mix of both, or a batch), `n_predict`, llama.cpp's sampling defaults
-//! (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), `stop`, `n_probs`, `logit_bias`
+//! (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05; penalties over the last
+//! `repeat_last_n` = 64 tokens of prompt and output), `stop`, `n_probs`, `logit_bias`
 //! in llama.cpp's list form, `json_schema` or a GBNF `grammar`, the editor's line limits `n_indent` and
 //! `t_max_predict_ms` (`crate::line_limits`); `/infill` adds `input_prefix`,
 //! `input_suffix` and `input_extra` (see `crate::fim`). Parsed once into the server's [`GenerationPlan`].
@@ -37,6 +38,9 @@ pub struct Body {
     top_p: Option<f32>,
     min_p: Option<f32>,
     repeat_penalty: Option<f32>,
+    /// The penalties' window: the last this many tokens of prompt and output (64; 0: no
+    /// penalties; -1: the whole context).
+    repeat_last_n: Option<i64>,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
     typical_p: Option<f32>,
@@ -155,6 +159,7 @@ const TEMPERATURE: f32 = 0.8;
 const TOP_K: i64 = 40;
 const TOP_P: f32 = 0.95;
 const MIN_P: f32 = 0.05;
+const REPEAT_LAST_N: i64 = 64;
 
 impl Body {
     /// The plan every prompt of the request shares.
@@ -183,6 +188,17 @@ impl Body {
                 format!("`n_probs` must be at most {max_top_logprobs}, got {n_probs}"),
             ));
         }
+        let penalty_last_n = match self.repeat_last_n.unwrap_or(REPEAT_LAST_N) {
+            -1 => usize::MAX,
+            n => usize::try_from(n).map_err(|_| {
+                ApiError::invalid(
+                    "repeat_last_n",
+                    format!(
+                        "`repeat_last_n` must be -1 (the whole context) or at least 0, got {n}"
+                    ),
+                )
+            })?,
+        };
         let defaults = SamplingParams::default();
         let sampling = SamplingParams {
             // llama.cpp: a temperature at or below 0 picks greedily.
@@ -195,6 +211,7 @@ impl Body {
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             logit_bias: logit_bias(self.logit_bias.as_ref(), backend)?,
             seed: self.seed.and_then(|s| u64::try_from(s).ok()),
+            penalty_last_n: Some(penalty_last_n),
             ..defaults
         };
         let grammar = self.grammar.clone().filter(|g| !g.is_empty());

@@ -253,6 +253,11 @@ fn settings(plan: &GenerationPlan, body: &Body) -> Value {
         "top_p": s.top_p,
         "min_p": s.min_p,
         "repeat_penalty": s.repetition_penalty,
+        "repeat_last_n": match s.penalty_last_n {
+            Some(usize::MAX) => -1,
+            Some(n) => n as i64,
+            None => -1,
+        },
         "presence_penalty": s.presence_penalty,
         "frequency_penalty": s.frequency_penalty,
         "stop": body.stop.clone().unwrap_or_default(),

@@ -229,6 +229,8 @@ async fn chat_fields_reach_the_engine_and_the_template() {
     assert_eq!(req.sampling.top_k, 20);
     assert_eq!(req.sampling.min_p, 0.05);
     assert!((req.sampling.repetition_penalty - 1.1).abs() < 1e-6);
+    // vLLM's rule, not llama.cpp's window, on the OpenAI endpoints.
+    assert_eq!(req.sampling.penalty_last_n, None);
     assert_eq!(req.sampling.presence_penalty, 0.5);
     assert_eq!(req.sampling.frequency_penalty, -0.5);
     assert_eq!(req.sampling.logit_bias, vec![(65, 5.0)]);

@@ -51,8 +51,19 @@ async fn completion_answers_in_llama_cpp_shape_with_its_sampling_defaults() {
     assert_eq!(sent.prompt_ids, bytes("abc"));
     assert_eq!((sent.sampling.temperature, sent.sampling.top_k), (0.8, 40));
     assert_eq!((sent.sampling.top_p, sent.sampling.min_p), (0.95, 0.05));
+    assert_eq!(sent.sampling.penalty_last_n, Some(64));
+    assert_eq!(out["generation_settings"]["repeat_last_n"], 64);
     assert_eq!(sent.max_tokens, None);
     assert_eq!(sent.pinned_model, None);
+    // llama.cpp's penalty window: 0 (none) and -1 (the whole context) as it reads them.
+    for (given, window, shown) in [(0, 0, 0), (-1, usize::MAX, -1), (200, 200, 200)] {
+        let body = json!({"prompt": "abc", "repeat_last_n": given, "repeat_penalty": 1.1});
+        let (status, out) = post_json(app(&m), "/completion", body).await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+        let sent = m.log().submitted.last().cloned().unwrap();
+        assert_eq!(sent.sampling.penalty_last_n, Some(window));
+        assert_eq!(out["generation_settings"]["repeat_last_n"], shown);
+    }
 }
 
 #[tokio::test]
@@ -311,6 +322,7 @@ async fn props_tell_the_context_default_sampling_and_model() {
         Some(0.8f32 as f64)
     );
     assert_eq!(settings["params"]["top_k"], 40);
+    assert_eq!(settings["params"]["repeat_last_n"], 64);
     assert_eq!(props["model_path"], "mock/small");
     assert_eq!(
         props["modalities"],
@@ -342,6 +354,7 @@ async fn samplers_we_lack_and_bad_values_are_refused_by_name() {
         (json!({"prompt": {"a": 1}}), "prompt"),
         (json!({"n_predict": 3}), "prompt"),
         (json!({"prompt": "a", "json_schema": "x"}), "json_schema"),
+        (json!({"prompt": "a", "repeat_last_n": -2}), "repeat_last_n"),
     ] {
         let (status, out) = post_json(app(&m), "/completion", body.clone()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {out}");
