@@ -124,6 +124,10 @@ pub struct FitReport {
     pub best_epoch: usize,
     pub heldout_auc: f64,
     pub at_threshold: AtThreshold,
+    /// Other operating points on the held-out positions, one per share in
+    /// [`CURVE_SHARES`], each threshold as the method reads it: what to send as
+    /// `"routing": {"threshold": t}` (or sweep in `eval`) for about that share.
+    pub curve: Vec<AtThreshold>,
     pub target: String,
     pub seconds: f64,
     pub seed: u64,
@@ -164,9 +168,24 @@ impl FitReport {
                 Head::Collm => "collm",
             },
             self.method_threshold
-        )
+        ) + &self
+            .curve
+            .iter()
+            .map(|p| {
+                format!(
+                    "\nheld-out: threshold {:.6} routes {:.1}% (precision {:.3}, recall {:.3})",
+                    p.threshold,
+                    100.0 * p.share,
+                    p.precision,
+                    p.recall
+                )
+            })
+            .collect::<String>()
     }
 }
+
+/// The held-out shares `fit` reports an operating point for.
+pub const CURVE_SHARES: [f64; 7] = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6];
 
 /// Every shard of a label directory (all must be present).
 pub fn load_dir(dir: &Path) -> Result<Features> {
@@ -376,14 +395,28 @@ pub fn fit(a: &FitArgs, f: &Features) -> Result<(TrainNet, FitReport)> {
         (None, None) => ThresholdTarget::Recall(0.95),
     };
     let threshold = choose_threshold(&scores, &held_y, target);
+    let for_method = |t: f64| {
+        if a.head.scores_keeping() {
+            // Route iff 1 - p >= t, i.e. p <= 1 - t; CITER routes iff p < threshold.
+            1.0 - t + 1e-7
+        } else {
+            t
+        }
+    };
+    let curve = CURVE_SHARES
+        .iter()
+        .map(|&share| {
+            let t = choose_threshold(&scores, &held_y, ThresholdTarget::Share(share));
+            AtThreshold {
+                threshold: for_method(t),
+                ..at_threshold(&scores, &held_y, t)
+            }
+        })
+        .collect();
     let report = FitReport {
         head: a.head,
-        method_threshold: if a.head.scores_keeping() {
-            // Route iff 1 - p >= t, i.e. p <= 1 - t; CITER routes iff p < threshold.
-            1.0 - threshold + 1e-7
-        } else {
-            threshold
-        },
+        method_threshold: for_method(threshold),
+        curve,
         train_positions: train.len(),
         heldout_positions: held.len(),
         train_positive_rate: train_pos as f64 / train.len() as f64,

@@ -308,6 +308,16 @@ fn planted_signal_is_learnt_reproducibly_and_loads_through_r2r() {
         "{:?}",
         report.at_threshold
     );
+    // The held-out operating points: each near its share, recall growing with it.
+    assert_eq!(report.curve.len(), fit::CURVE_SHARES.len());
+    for (p, want) in report.curve.iter().zip(fit::CURVE_SHARES) {
+        assert!((p.share - want).abs() < 0.02, "{want}: {p:?}");
+    }
+    assert!(report
+        .curve
+        .windows(2)
+        .all(|w| w[0].recall <= w[1].recall && w[0].threshold >= w[1].threshold));
+    assert!(report.summary().contains("held-out: threshold"));
 
     // Same seed, identical weights; another seed, other weights.
     let (n1, _) = fit::fit(&small_fit(&data, dir.path().join("x").as_path(), 2, 5), &f).unwrap();
@@ -343,6 +353,8 @@ fn planted_signal_is_learnt_reproducibly_and_loads_through_r2r() {
     );
     let written = meta["common_args"]["threshold"].as_f64().unwrap();
     assert!((written - report.at_threshold.threshold).abs() < 1e-12);
+    let curve = meta["training"]["curve"].as_array().unwrap();
+    assert_eq!(curve.len(), report.curve.len());
 }
 
 #[test]
@@ -411,6 +423,24 @@ fn citer_and_collm_heads_learn_and_load_through_their_methods() {
             })
             .count();
         assert!(routed > 0 && routed < rows.len());
+        // The curve's thresholds are read as the method reads them: more share, more routed.
+        let routed_at: Vec<usize> = report
+            .curve
+            .iter()
+            .map(|c| {
+                served
+                    .iter()
+                    .filter(|&&p| match head {
+                        Head::Citer => (p as f64) < c.threshold,
+                        _ => p as f64 >= c.threshold,
+                    })
+                    .count()
+            })
+            .collect();
+        assert!(
+            routed_at.windows(2).all(|w| w[0] <= w[1]) && routed_at[0] < routed_at[6],
+            "{head:?}: {routed_at:?}"
+        );
     }
 }
 
