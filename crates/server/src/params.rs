@@ -349,11 +349,10 @@ fn sampling_params(f: &CommonFields) -> Result<SamplingParams, ApiError> {
         top_p: finite(f.top_p, "top_p", d.top_p)?,
         top_k,
         min_p: finite(f.min_p, "min_p", d.min_p)?,
-        repetition_penalty: finite(
-            f.repetition_penalty,
-            "repetition_penalty",
-            d.repetition_penalty,
-        )?,
+        repetition_penalty: match (f.repetition_penalty, f.repeat_penalty) {
+            (None, Some(given)) => finite(Some(given), "repeat_penalty", d.repetition_penalty)?,
+            (given, _) => finite(given, "repetition_penalty", d.repetition_penalty)?,
+        },
         presence_penalty: finite(f.presence_penalty, "presence_penalty", d.presence_penalty)?,
         frequency_penalty: finite(
             f.frequency_penalty,
@@ -367,13 +366,26 @@ fn sampling_params(f: &CommonFields) -> Result<SamplingParams, ApiError> {
             .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX)),
         allowed_token_ids: f.allowed_token_ids.clone(),
         bad_words: Vec::new(),
-        // vLLM's rule (llama.cpp's window is for its own endpoints).
-        penalty_last_n: None,
+        penalty_last_n: penalty_window(f.repeat_last_n)?,
     };
     sampling
         .validate()
         .map_err(|e| ApiError::invalid(&e.param, e.message))?;
     Ok(sampling)
+}
+
+/// llama.cpp's `repeat_last_n` as the sampler's window: -1 is the whole context.
+pub fn penalty_window(repeat_last_n: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match repeat_last_n {
+        None => Ok(None),
+        Some(-1) => Ok(Some(usize::MAX)),
+        Some(n) => usize::try_from(n).map(Some).map_err(|_| {
+            ApiError::invalid(
+                "repeat_last_n",
+                format!("`repeat_last_n` must be -1 (the whole context) or at least 0, got {n}"),
+            )
+        }),
+    }
 }
 
 /// An optional JSON number as an f32, or `default`.

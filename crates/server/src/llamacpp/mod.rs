@@ -188,17 +188,8 @@ impl Body {
                 format!("`n_probs` must be at most {max_top_logprobs}, got {n_probs}"),
             ));
         }
-        let penalty_last_n = match self.repeat_last_n.unwrap_or(REPEAT_LAST_N) {
-            -1 => usize::MAX,
-            n => usize::try_from(n).map_err(|_| {
-                ApiError::invalid(
-                    "repeat_last_n",
-                    format!(
-                        "`repeat_last_n` must be -1 (the whole context) or at least 0, got {n}"
-                    ),
-                )
-            })?,
-        };
+        let penalty_last_n =
+            crate::params::penalty_window(Some(self.repeat_last_n.unwrap_or(REPEAT_LAST_N)))?;
         let defaults = SamplingParams::default();
         let sampling = SamplingParams {
             // llama.cpp: a temperature at or below 0 picks greedily.
@@ -211,7 +202,7 @@ impl Body {
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             logit_bias: logit_bias(self.logit_bias.as_ref(), backend)?,
             seed: self.seed.and_then(|s| u64::try_from(s).ok()),
-            penalty_last_n: Some(penalty_last_n),
+            penalty_last_n,
             ..defaults
         };
         let grammar = self.grammar.clone().filter(|g| !g.is_empty());

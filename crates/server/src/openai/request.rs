@@ -20,6 +20,11 @@ pub struct CommonFields {
     pub top_k: Option<i64>,
     pub min_p: Option<f64>,
     pub repetition_penalty: Option<f64>,
+    /// llama.cpp's spelling of `repetition_penalty` (its OpenAI endpoints take its keys).
+    pub repeat_penalty: Option<f64>,
+    /// llama.cpp's penalty window: given, all three penalties count the last n tokens of
+    /// prompt and answer (0: none; -1: all); absent, vLLM's rule.
+    pub repeat_last_n: Option<i64>,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     /// Token id (as a decimal string, OpenAI's shape) → bias added to the logit.

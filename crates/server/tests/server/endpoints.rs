@@ -229,7 +229,7 @@ async fn chat_fields_reach_the_engine_and_the_template() {
     assert_eq!(req.sampling.top_k, 20);
     assert_eq!(req.sampling.min_p, 0.05);
     assert!((req.sampling.repetition_penalty - 1.1).abs() < 1e-6);
-    // vLLM's rule, not llama.cpp's window, on the OpenAI endpoints.
+    // vLLM's rule unless llama.cpp's window is asked for.
     assert_eq!(req.sampling.penalty_last_n, None);
     assert_eq!(req.sampling.presence_penalty, 0.5);
     assert_eq!(req.sampling.frequency_penalty, -0.5);
@@ -260,6 +260,52 @@ async fn chat_fields_reach_the_engine_and_the_template() {
         "seed 3: Hello, world"
     );
     assert_eq!(resp["choices"][0]["finish_reason"], "stop");
+}
+
+/// llama.cpp's clients send its keys to its OpenAI endpoints too: `repeat_penalty` and the
+/// penalty window `repeat_last_n`.
+#[tokio::test]
+async fn llama_cpp_penalty_keys_work_on_the_openai_endpoints() {
+    let m = mock();
+    for (path, extra) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "a"}]}),
+        ),
+        ("/v1/completions", json!({"prompt": "a"})),
+    ] {
+        let mut body = json!({"max_tokens": 2, "repeat_penalty": 1.3, "repeat_last_n": 32});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, resp) = post_json(app(&m), path, body).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {resp}");
+        let req = m.log().submitted.last().cloned().unwrap();
+        assert!(
+            (req.sampling.repetition_penalty - 1.3).abs() < 1e-6,
+            "{path}"
+        );
+        assert_eq!(req.sampling.penalty_last_n, Some(32), "{path}");
+    }
+    // vLLM's own key wins; -1 is the whole context; below -1 is refused by name.
+    let body = json!({"prompt": "a", "max_tokens": 2, "repetition_penalty": 1.1,
+        "repeat_penalty": 1.3, "repeat_last_n": -1});
+    let (status, _) = post_json(app(&m), "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK);
+    let req = m.log().submitted.last().cloned().unwrap();
+    assert!((req.sampling.repetition_penalty - 1.1).abs() < 1e-6);
+    assert_eq!(req.sampling.penalty_last_n, Some(usize::MAX));
+    for (body, param) in [
+        (json!({"prompt": "a", "repeat_last_n": -2}), "repeat_last_n"),
+        (
+            json!({"prompt": "a", "repeat_penalty": 0}),
+            "repetition_penalty",
+        ),
+    ] {
+        let (status, out) = post_json(app(&m), "/v1/completions", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {out}");
+        assert_eq!(out["error"]["param"], param, "{body}");
+    }
 }
 
 #[tokio::test]
