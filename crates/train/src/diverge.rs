@@ -241,7 +241,7 @@ pub fn run(a: &DivergeArgs) -> Result<DivergeStats> {
             }
         };
         let t1 = Instant::now();
-        judge::judge_all(a.judge, &a.verifier, &mut points)?;
+        judge::judge_all(a.judge, &a.verifier, &mut points, &prompts)?;
         stats.judged_s += t1.elapsed().as_secs_f64();
         stats.count(&points);
         let out = ShardDivergence { judge, points };

@@ -6,6 +6,7 @@
 //! whether the two continuations differ in meaning or behaviour, greedy, one digit back.
 
 use crate::diverge::Point;
+use crate::prompts::Prompt;
 use crate::{Result, TrainError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -32,10 +33,16 @@ impl JudgeKind {
     pub fn label(self, v: &Verifier) -> String {
         match self {
             JudgeKind::Model => format!("model:{}", v.verifier_model),
-            _ => self.name().to_string(),
+            // Versioned: verdicts of an earlier code judge (v1 read indentation as spacing)
+            // are judged again from their stored continuations.
+            JudgeKind::Code => format!("code:{CODE_JUDGE_VERSION}"),
+            JudgeKind::Exact => self.name().to_string(),
         }
     }
 }
+
+/// The code judge's version, recorded with its verdicts (2: indentation is code).
+pub const CODE_JUDGE_VERSION: u32 = 2;
 
 /// The LLM judge's endpoint (`--judge model`).
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -87,7 +94,15 @@ impl Verifier {
 }
 
 /// Label every complete point with the judge; incomplete points stay unjudged.
-pub fn judge_all(kind: JudgeKind, v: &Verifier, points: &mut [Point]) -> Result<()> {
+/// Judge every complete point. `prompts` are the label run's prompts: a raw prompt's code
+/// before the answer (a fill-in-the-middle prefix, or the text the answer continues) is
+/// read by the code judge too, so brackets and strings it opened are known.
+pub fn judge_all(
+    kind: JudgeKind,
+    v: &Verifier,
+    points: &mut [Point],
+    prompts: &[Prompt],
+) -> Result<()> {
     for p in points.iter_mut() {
         p.divergent = None;
     }
@@ -100,8 +115,12 @@ pub fn judge_all(kind: JudgeKind, v: &Verifier, points: &mut [Point]) -> Result<
         }
         JudgeKind::Code => {
             for p in points.iter_mut().filter(|p| p.complete) {
-                p.divergent =
-                    Some(p.in_code && code_differs(&p.code_before, &p.branch, &p.reference));
+                let lead = match prompts.get(p.prompt as usize) {
+                    Some(Prompt::Raw(text)) => code_before_answer(text),
+                    _ => "",
+                };
+                let context = format!("{lead}{}", p.code_before);
+                p.divergent = Some(p.in_code && code_differs(&context, &p.branch, &p.reference));
             }
             Ok(())
         }
@@ -123,8 +142,29 @@ pub fn code_differs(context: &str, a: &str, b: &str) -> bool {
     ta[..n] != tb[..n]
 }
 
+/// The code a raw prompt puts right before its answer: a fill-in-the-middle prompt's prefix
+/// (Qwen2.5-Coder / StarCoder, DeepSeek-Coder and Code Llama markers, prefix-suffix-middle
+/// order), else the whole text, which the answer continues.
+pub fn code_before_answer(prompt: &str) -> &str {
+    const MARKERS: [(&str, &str); 4] = [
+        ("<|fim_prefix|>", "<|fim_suffix|>"),
+        ("<fim_prefix>", "<fim_suffix>"),
+        ("<｜fim▁begin｜>", "<｜fim▁hole｜>"),
+        ("<PRE>", "<SUF>"),
+    ];
+    for (prefix, suffix) in MARKERS {
+        if let Some(at) = prompt.rfind(prefix) {
+            let rest = &prompt[at + prefix.len()..];
+            return rest.find(suffix).map_or(rest, |end| &rest[..end]);
+        }
+    }
+    prompt
+}
+
 /// Python-like tokens of `context + tail` that end inside `tail` (so a comment or string
-/// begun in the context is read as one).
+/// begun in the context is read as one). A line's indentation is a token before its first
+/// code token, outside brackets: in Python it is syntax (`    elif` and `        elif` are
+/// different programs), unlike the spacing inside a line.
 fn code_after(context: &str, tail: &str) -> Vec<String> {
     let s = format!("{context}{tail}");
     let start = context.len();
@@ -132,11 +172,14 @@ fn code_after(context: &str, tail: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut i = 0;
     let mut line_start = true;
+    let mut line_begin = 0;
+    let mut depth = 0usize;
     while i < b.len() {
         let c = b[i];
         if c == b'\n' {
             line_start = true;
             i += 1;
+            line_begin = i;
             continue;
         }
         if c.is_ascii_whitespace() {
@@ -145,6 +188,8 @@ fn code_after(context: &str, tail: &str) -> Vec<String> {
         }
         let at_line_start = std::mem::replace(&mut line_start, false);
         let t0 = i;
+        // The indentation, pushed with the line's first token if that is code.
+        let indent = (at_line_start && depth == 0).then(|| indent_width(&b[line_begin..t0]));
         if at_line_start && s[i..].starts_with("```") {
             if i >= start {
                 break;
@@ -174,11 +219,26 @@ fn code_after(context: &str, tail: &str) -> Vec<String> {
         } else {
             i += 1;
         }
+        match c {
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
         if i > start {
+            if let Some(width) = indent {
+                out.push(format!("\u{0}indent {width}"));
+            }
             out.push(String::from_utf8_lossy(&b[t0..i.min(b.len())]).into_owned());
         }
     }
     out
+}
+
+/// Columns of a line's leading whitespace, a tab to the next multiple of 8 (as Python
+/// reads it).
+fn indent_width(lead: &[u8]) -> usize {
+    lead.iter()
+        .fold(0, |w, &c| if c == b'\t' { (w / 8 + 1) * 8 } else { w + 1 })
 }
 
 const SYSTEM: &str =
@@ -369,7 +429,7 @@ mod tests {
             point("    return x", "    return x"),
         ];
         ps[2].complete = false;
-        judge_all(JudgeKind::Exact, &Verifier::default(), &mut ps).unwrap();
+        judge_all(JudgeKind::Exact, &Verifier::default(), &mut ps, &[]).unwrap();
         let got: Vec<_> = ps.iter().map(|p| p.divergent).collect();
         assert_eq!(got, vec![Some(false), Some(true), None]);
     }
@@ -396,6 +456,19 @@ mod tests {
             " d = D()\n    d.run()\n"
         ));
         assert!(!code_differs(ctx, " y = a+b\n", " y = a + b\n"));
+        // Indentation is syntax: another block level is other code, also when the line
+        // begun in the context; inside brackets it is layout.
+        let ctx = "    if a:\n        x()\n";
+        assert!(code_differs(ctx, "    elif b:\n", "        elif b:\n"));
+        assert!(code_differs("    if a:\n   ", " y()\n", "     y()\n"));
+        assert!(!code_differs("    if a:\n   ", " y()\n", " y()\n"));
+        assert!(!code_differs(
+            "    f(a,\n",
+            "      b)\n    g()\n",
+            "            b)\n    g()\n"
+        ));
+        assert!(code_differs(ctx, "\tz()\n", "    z()\n"));
+        assert!(!code_differs(ctx, "\tz()\n", "        z()\n"));
         assert!(code_differs(ctx, " y = a+b\n", " y = a - b\n"));
         // Strings are code; docstrings are not.
         assert!(code_differs(
@@ -422,9 +495,36 @@ mod tests {
             point(" return x\n", " return y\n"),
         ];
         ps[1].in_code = false;
-        judge_all(JudgeKind::Code, &Verifier::default(), &mut ps).unwrap();
+        judge_all(JudgeKind::Code, &Verifier::default(), &mut ps, &[]).unwrap();
         assert_eq!(ps[0].divergent, Some(true));
         assert_eq!(ps[1].divergent, Some(false), "prose is not code");
+    }
+
+    /// A fill-in-the-middle prompt's prefix is the code before the answer: a bracket it
+    /// opened makes the answer's line breaks layout, not indentation.
+    #[test]
+    fn the_code_judge_reads_a_raw_prompts_code() {
+        let fim = "<|fim_prefix|>def f(a):\n    return g(a,<|fim_suffix|>)\n<|fim_middle|>";
+        assert_eq!(code_before_answer(fim), "def f(a):\n    return g(a,");
+        assert_eq!(code_before_answer("x = (1,"), "x = (1,");
+        let mut p = point("\n             b, c", "\n    b, c");
+        p.code_before = String::new();
+        let mut ps = [p.clone(), p];
+        let prompts = [Prompt::Raw(fim.into())];
+        judge_all(
+            JudgeKind::Code,
+            &Verifier::default(),
+            &mut ps[..1],
+            &prompts,
+        )
+        .unwrap();
+        judge_all(JudgeKind::Code, &Verifier::default(), &mut ps[1..], &[]).unwrap();
+        assert_eq!(ps[0].divergent, Some(false), "inside g( the layout is free");
+        assert_eq!(
+            ps[1].divergent,
+            Some(true),
+            "without the prompt: another indentation"
+        );
     }
 
     #[test]
@@ -442,6 +542,7 @@ mod tests {
             JudgeKind::Model,
             &Verifier::default(),
             &mut [point("a", "b")],
+            &[],
         )
         .unwrap_err()
         .to_string();

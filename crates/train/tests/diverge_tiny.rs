@@ -201,7 +201,7 @@ fn continuations_equal_a_brute_force_recomputation_and_judges_label_them() {
     m.verifier.verifier_url = Some(bad_url);
     let e = diverge::run(&m).unwrap_err().to_string();
     assert!(e.contains("HTTP 500") && e.contains("overloaded"), "{e}");
-    assert_eq!(shard_points(&data, 3)[0].judge, "code");
+    assert_eq!(shard_points(&data, 3)[0].judge, "code:2");
     let (url, seen) = judge_server(false);
     m.verifier.verifier_url = Some(format!("{url}/v1"));
     let judged = diverge::run(&m).unwrap();
