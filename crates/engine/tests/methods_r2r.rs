@@ -338,6 +338,67 @@ fn large_model_writes_one_token_and_returns() {
     assert_eq!(p.send(9, 0), SendMode::KeepLast);
 }
 
+/// With `stay_entropy` the large model keeps writing while its own normalised entropy is
+/// above it (R-Stitch's rule), read per request under that key; the key belongs to the
+/// large model only.
+#[test]
+fn with_stay_entropy_the_large_model_writes_while_unsure() {
+    let f = load_fixture();
+    let reg = Registry::default();
+    let mut p = reg
+        .build("r2r_llm", &kwargs("{stay_entropy: 0.5}"), &ctx(&f, 1, None))
+        .expect("build");
+    assert!(p.needs().entropy);
+    let eager = tokenrouter_api::RoutingOverrides([("stay_entropy".to_string(), 0.95)].into());
+    let row = |entropy, routing| RowView {
+        rid: 9,
+        logits: &[],
+        token: 3,
+        prompt: &[],
+        output: &[1, 2],
+        sources: &[0, 0],
+        visit_tokens: 1,
+        seed: 0,
+        entropy: Some(entropy),
+        top_logits: None,
+        routing,
+        allowed: None,
+    };
+    let rows = [
+        row(0.9, &NO_ROUTING),
+        row(0.1, &NO_ROUTING),
+        row(0.9, &eager),
+    ];
+    let d = p.route(&StepView {
+        model: 1,
+        rows: &rows,
+        hidden: None,
+    });
+    let to: Vec<_> = d.iter().map(|d| d.to).collect();
+    assert_eq!(to, [None, Some(0), Some(0)]);
+    assert_eq!(p.send(9, 0), SendMode::KeepLast);
+    assert_eq!(p.tunables()[0].key, "stay_entropy");
+    for (k, at, want) in [
+        ("{stay_entropy: 1.5}", 1, "scheduler_kwargs.stay_entropy"),
+        (
+            "{model_path: r2r_router_tiny.pt, stay_entropy: 0.2}",
+            0,
+            "large model",
+        ),
+    ] {
+        let e = reg
+            .build(
+                if at == 0 { "r2r_slm" } else { "r2r_llm" },
+                &kwargs(k),
+                &ctx(&f, at, Some(f.hidden)),
+            )
+            .err()
+            .expect("must fail")
+            .to_string();
+        assert!(e.contains(want), "{k}: {e}");
+    }
+}
+
 /// The router gives the same probabilities from the step's top logits (computed on the
 /// model's device, no host logits) as from the full logits.
 #[test]

@@ -194,8 +194,12 @@ impl Policy for RStitchSlm {
     }
 }
 
-struct RStitchLlm {
-    threshold: f32,
+/// R-Stitch's large-model side: keep writing while the own normalised entropy is above
+/// the threshold (read per request under `key`), then hand back to the entry model. R2R's
+/// large model uses it too when given `stay_entropy`.
+pub(crate) struct RStitchLlm {
+    pub threshold: f32,
+    pub key: &'static str,
 }
 
 impl Policy for RStitchLlm {
@@ -204,7 +208,7 @@ impl Policy for RStitchLlm {
     }
 
     fn tunables(&self) -> Vec<Tunable> {
-        vec![Tunable::unit("threshold")]
+        vec![Tunable::unit(self.key)]
     }
 
     fn route(&mut self, step: &StepView<'_>) -> Vec<Decision> {
@@ -212,7 +216,7 @@ impl Policy for RStitchLlm {
             .iter()
             .map(|r| {
                 let h = r.normalised_entropy();
-                if h <= r.kwarg("threshold", self.threshold) {
+                if h <= r.kwarg(self.key, self.threshold) {
                     Decision::go(0, Some(h))
                 } else {
                     Decision::stay(Some(h))
@@ -308,6 +312,7 @@ pub fn register(r: &mut Registry) {
             }),
             (kw, None) => Box::new(RStitchLlm {
                 threshold: kw.threshold,
+                key: "threshold",
             }),
         })
     }
@@ -379,7 +384,10 @@ mod tests {
         let d = slm.route(&step);
         assert_eq!((d[0].to, d[1].to), (Some(1), None));
         assert_eq!(d[0].score, Some(0.9));
-        let mut llm = RStitchLlm { threshold: 0.5 };
+        let mut llm = RStitchLlm {
+            threshold: 0.5,
+            key: "threshold",
+        };
         let d = llm.route(&step);
         assert_eq!((d[0].to, d[1].to), (None, Some(0)));
         assert_eq!(slm.needs(), Needs::ENTROPY_ONLY);

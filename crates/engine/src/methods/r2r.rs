@@ -9,7 +9,7 @@
 //! `state_dict`) or a `.safetensors` state dict with an optional `<stem>.json` holding the
 //! other entries. All sizes (hidden, top-k, blocks, expansion) come from the weight shapes.
 
-use super::basic::ReturnAfterOne;
+use super::basic::{RStitchLlm, ReturnAfterOne};
 use super::router_net::{
     check_unit, hidden_rows, router_site, sigmoid_vec, LayerNorm, Linear, Site, Weights,
 };
@@ -278,6 +278,10 @@ struct R2rKwargs {
     switching_strategy: Option<String>,
     /// Target model name (default: the other model).
     to: Option<String>,
+    /// Large-model side: keep writing while its own normalised entropy is above this
+    /// (R-Stitch's rule; per request `"routing": {"stay_entropy": t}`); absent: one token,
+    /// as R2R.
+    stay_entropy: Option<f64>,
 }
 
 /// The kwargs parsed and checked without weights (the switching strategy, a given
@@ -295,6 +299,15 @@ fn parse(k: &serde_yaml::Value, at: &ModelSite) -> Result<(R2rKwargs, Option<f32
         .threshold
         .map(|t| check_unit(&site, "threshold", t))
         .transpose()?;
+    if let Some(t) = kw.stay_entropy {
+        if at.model == 0 {
+            return Err(site.err(
+                "stay_entropy",
+                "belongs to the large model's `r2r_llm` (how long it keeps writing)",
+            ));
+        }
+        check_unit(&site, "stay_entropy", t)?;
+    }
     Ok((kw, threshold))
 }
 
@@ -364,10 +377,17 @@ pub fn register(r: &mut Registry) {
         if ctx.model == 0 {
             Ok(Box::new(build_slm(k, ctx)?))
         } else {
-            // The large model writes one token, keeps it, and hands the request back. Its
-            // kwargs are still checked so a typo does not pass silently.
-            parse(k, &ctx.site())?;
-            Ok(Box::new(ReturnAfterOne))
+            // The large model writes one token, keeps it, and hands the request back (or,
+            // with `stay_entropy`, keeps writing while unsure). Its kwargs are still checked
+            // so a typo does not pass silently.
+            let (kw, _) = parse(k, &ctx.site())?;
+            Ok(match kw.stay_entropy {
+                Some(t) => Box::new(RStitchLlm {
+                    threshold: t as f32,
+                    key: "stay_entropy",
+                }),
+                None => Box::new(ReturnAfterOne),
+            })
         }
     }
     for n in ["r2r", "r2r_slm", "r2r_llm"] {
