@@ -93,10 +93,10 @@ impl Verifier {
     }
 }
 
-/// Label every complete point with the judge; incomplete points stay unjudged.
-/// Judge every complete point. `prompts` are the label run's prompts: a raw prompt's code
-/// before the answer (a fill-in-the-middle prefix, or the text the answer continues) is
-/// read by the code judge too, so brackets and strings it opened are known.
+/// Label every complete point with the judge; incomplete points stay unjudged. `prompts`
+/// are the label run's prompts: a raw prompt's code before the answer (a fill-in-the-middle
+/// prefix, or the text the answer continues) is read by the code judge too, so brackets
+/// and strings it opened are known.
 pub fn judge_all(
     kind: JudgeKind,
     v: &Verifier,
