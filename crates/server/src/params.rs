@@ -368,10 +368,24 @@ fn sampling_params(f: &CommonFields) -> Result<SamplingParams, ApiError> {
         bad_words: Vec::new(),
         penalty_last_n: penalty_window(f.repeat_last_n)?,
     };
-    sampling
-        .validate()
-        .map_err(|e| ApiError::invalid(&e.param, e.message))?;
-    Ok(sampling)
+    let llama_spelling = f.repetition_penalty.is_none() && f.repeat_penalty.is_some();
+    validated(sampling, llama_spelling)
+}
+
+/// `sampling` checked; an error about the repetition penalty names `repeat_penalty` when
+/// that is how the client spelt it (llama.cpp's clients).
+pub fn validated(
+    sampling: SamplingParams,
+    llama_spelling: bool,
+) -> Result<SamplingParams, ApiError> {
+    match sampling.validate() {
+        Ok(()) => Ok(sampling),
+        Err(e) if llama_spelling && e.param == "repetition_penalty" => Err(ApiError::invalid(
+            "repeat_penalty",
+            e.message.replace("repetition_penalty", "repeat_penalty"),
+        )),
+        Err(e) => Err(ApiError::invalid(&e.param, e.message)),
+    }
 }
 
 /// llama.cpp's `repeat_last_n` as the sampler's window: -1 is the whole context.

@@ -205,6 +205,7 @@ impl Body {
             penalty_last_n,
             ..defaults
         };
+        let sampling = crate::params::validated(sampling, true)?;
         let grammar = self.grammar.clone().filter(|g| !g.is_empty());
         let constraint = match (&self.json_schema, grammar) {
             (None | Some(Value::Null), None) => None,

@@ -299,6 +299,10 @@ async fn llama_cpp_penalty_keys_work_on_the_openai_endpoints() {
         (json!({"prompt": "a", "repeat_last_n": -2}), "repeat_last_n"),
         (
             json!({"prompt": "a", "repeat_penalty": 0}),
+            "repeat_penalty",
+        ),
+        (
+            json!({"prompt": "a", "repetition_penalty": 0}),
             "repetition_penalty",
         ),
     ] {

@@ -355,6 +355,11 @@ async fn samplers_we_lack_and_bad_values_are_refused_by_name() {
         (json!({"n_predict": 3}), "prompt"),
         (json!({"prompt": "a", "json_schema": "x"}), "json_schema"),
         (json!({"prompt": "a", "repeat_last_n": -2}), "repeat_last_n"),
+        (
+            json!({"prompt": "a", "repeat_penalty": 0}),
+            "repeat_penalty",
+        ),
+        (json!({"prompt": "a", "top_p": 0}), "top_p"),
     ] {
         let (status, out) = post_json(app(&m), "/completion", body.clone()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {out}");
