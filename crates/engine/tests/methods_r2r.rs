@@ -308,6 +308,28 @@ fn config_errors_name_model_key_and_file() {
     );
 }
 
+/// A row of a request visiting the large model (its second token there).
+fn large_model_row<'a>(
+    logits: &'a [f32],
+    entropy: Option<f32>,
+    routing: &'a tokenrouter_api::RoutingOverrides,
+) -> RowView<'a> {
+    RowView {
+        rid: 9,
+        logits,
+        token: 3,
+        prompt: &[],
+        output: &[1, 2],
+        sources: &[0, 0],
+        visit_tokens: 1,
+        seed: 0,
+        entropy,
+        top_logits: None,
+        routing,
+        allowed: None,
+    }
+}
+
 #[test]
 fn large_model_writes_one_token_and_returns() {
     let f = load_fixture();
@@ -315,20 +337,7 @@ fn large_model_writes_one_token_and_returns() {
         .build("r2r_llm", &serde_yaml::Value::Null, &ctx(&f, 1, None))
         .expect("build");
     let logits = vec![0.0; 8];
-    let rows = [RowView {
-        rid: 9,
-        logits: &logits,
-        token: 3,
-        prompt: &[],
-        output: &[1, 2],
-        sources: &[0, 0],
-        visit_tokens: 1,
-        seed: 0,
-        entropy: None,
-        top_logits: None,
-        routing: &NO_ROUTING,
-        allowed: None,
-    }];
+    let rows = [large_model_row(&logits, None, &NO_ROUTING)];
     let d = p.route(&StepView {
         model: 1,
         rows: &rows,
@@ -350,20 +359,7 @@ fn with_stay_entropy_the_large_model_writes_while_unsure() {
         .expect("build");
     assert!(p.needs().entropy);
     let eager = tokenrouter_api::RoutingOverrides([("stay_entropy".to_string(), 0.95)].into());
-    let row = |entropy, routing| RowView {
-        rid: 9,
-        logits: &[],
-        token: 3,
-        prompt: &[],
-        output: &[1, 2],
-        sources: &[0, 0],
-        visit_tokens: 1,
-        seed: 0,
-        entropy: Some(entropy),
-        top_logits: None,
-        routing,
-        allowed: None,
-    };
+    let row = |entropy, routing| large_model_row(&[], Some(entropy), routing);
     let rows = [
         row(0.9, &NO_ROUTING),
         row(0.1, &NO_ROUTING),
