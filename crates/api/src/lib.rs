@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+pub mod fim_markers;
 use tokio::sync::mpsc;
 
 /// Index of a configured model (0 = the entry model, usually the small one).

@@ -6,43 +6,8 @@
 //! tokenizer by their text (the families llama.cpp knows), so a model without them is told
 //! so instead of being fed a prompt it cannot read.
 
+use tokenrouter_api::fim_markers::{FILE_SEP, MIDDLE, PAD, PREFIX, REPO, SUFFIX};
 use tokenrouter_api::Backend;
-
-/// Each role's token text in the families llama.cpp recognises: Qwen2.5-Coder and
-/// StarCoder2 style, StarCoder's, Code Llama's, DeepSeek-Coder's.
-const PREFIX: &[&str] = &[
-    "<|fim_prefix|>",
-    "<fim-prefix>",
-    "<fim_prefix>",
-    "<PRE>",
-    "▁<PRE>",
-    "<｜fim▁begin｜>",
-];
-const SUFFIX: &[&str] = &[
-    "<|fim_suffix|>",
-    "<fim-suffix>",
-    "<fim_suffix>",
-    "<SUF>",
-    "▁<SUF>",
-    "<｜fim▁hole｜>",
-];
-const MIDDLE: &[&str] = &[
-    "<|fim_middle|>",
-    "<fim-middle>",
-    "<fim_middle>",
-    "<MID>",
-    "▁<MID>",
-    "<｜fim▁end｜>",
-];
-const PAD: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"];
-const REPO: &[&str] = &[
-    "<|fim_repo|>",
-    "<|repo_name|>",
-    "<fim-repo>",
-    "<REPO>",
-    "<reponame>",
-];
-const FILE_SEP: &[&str] = &["<|file_sep|>", "<file_sep>", "<fim-sep>"];
 
 /// llama.cpp's batch size (`-b 2048`), by which it apportions the prompt: the prefix keeps
 /// its last 3/4 of it, the suffix (and the `prompt` after the middle token) the rest.

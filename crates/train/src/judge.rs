@@ -11,6 +11,7 @@ use crate::{Result, TrainError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+use tokenrouter_api::fim_markers;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JudgeKind {
@@ -143,16 +144,10 @@ pub fn code_differs(context: &str, a: &str, b: &str) -> bool {
 }
 
 /// The code a raw prompt puts right before its answer: a fill-in-the-middle prompt's prefix
-/// (Qwen2.5-Coder / StarCoder, DeepSeek-Coder and Code Llama markers, prefix-suffix-middle
-/// order), else the whole text, which the answer continues.
+/// (the marker families llama.cpp knows, prefix-suffix-middle order), else the whole text,
+/// which the answer continues.
 pub fn code_before_answer(prompt: &str) -> &str {
-    const MARKERS: [(&str, &str); 4] = [
-        ("<|fim_prefix|>", "<|fim_suffix|>"),
-        ("<fim_prefix>", "<fim_suffix>"),
-        ("<｜fim▁begin｜>", "<｜fim▁hole｜>"),
-        ("<PRE>", "<SUF>"),
-    ];
-    for (prefix, suffix) in MARKERS {
+    for (prefix, suffix) in fim_markers::PREFIX.iter().zip(fim_markers::SUFFIX) {
         if let Some(at) = prompt.rfind(prefix) {
             let rest = &prompt[at + prefix.len()..];
             return rest.find(suffix).map_or(rest, |end| &rest[..end]);

@@ -162,10 +162,11 @@ while any(queues):
 pub const STDLIB_INSTRUCTION: &str =
     "Complete the following Python function. Answer with the whole function in a Python code block.";
 
-/// Qwen2.5-Coder's (and StarCoder2's) fill-in-the-middle tokens.
-const FIM_PREFIX: &str = "<|fim_prefix|>";
-const FIM_SUFFIX: &str = "<|fim_suffix|>";
-const FIM_MIDDLE: &str = "<|fim_middle|>";
+/// Qwen2.5-Coder's (and StarCoder2's) fill-in-the-middle tokens: the marker table's first
+/// family.
+const FIM_PREFIX: &str = tokenrouter_api::fim_markers::PREFIX[0];
+const FIM_SUFFIX: &str = tokenrouter_api::fim_markers::SUFFIX[0];
+const FIM_MIDDLE: &str = tokenrouter_api::fim_markers::MIDDLE[0];
 
 /// Write the stdlib prompt set; returns how many prompts were written.
 pub fn write_stdlib_prompts(a: &PromptsArgs) -> Result<usize> {
