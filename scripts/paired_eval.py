@@ -4,7 +4,10 @@
 Reads per-problem rows from eval output directories (their `results/<variant>/*.json`) and
 JSONL row files (docs/results/*.jsonl), optionally prefixing each source's variant names,
 and prints pass@1 and large-model share over the problems every listed variant answered,
-then an exact two-sided McNemar test (gained / lost / p) for each pair asked for.
+then an exact two-sided McNemar test (gained / lost / p) for each pair asked for. With
+several samples a problem (`eval --samples`), a problem's pass rate over its samples stands
+for its pass, and the test is the exact sign test over the problems whose rates differ (the
+same as McNemar's when there is one answer a problem).
 
     scripts/paired_eval.py --rows rstitch=docs/results/humaneval-infill-session48.jsonl \
         --rows r2r=/tmp/infill-r2r --pair "r2r routed threshold=0.5" "rstitch large"
@@ -29,14 +32,21 @@ def load(spec, rows):
         items = (json.loads(line) for line in open(path) if line.strip())
     for r in items:
         if "variant" in r and "task_id" in r:
-            rows.setdefault(prefix + r["variant"], {})[r["task_id"]] = r
+            answers = rows.setdefault(prefix + r["variant"], {}).setdefault(r["task_id"], {})
+            answers[r.get("sample", 0)] = r
+
+
+def rate(answers):
+    """A problem's pass rate over its samples (its pass, 0 or 1, with one answer)."""
+    return sum(r["passed"] for r in answers.values()) / len(answers)
 
 
 def share(rows, tasks):
     by = {}
     for t in tasks:
-        for model, n in rows[t]["answer"].get("tokens_by_model", {}).items():
-            by[model] = by.get(model, 0) + n
+        for r in rows[t].values():
+            for model, n in r["answer"].get("tokens_by_model", {}).items():
+                by[model] = by.get(model, 0) + n
     total = sum(by.values())
     # The second model of the pair is the large one (`reference` in the default pair).
     large = by.get("reference", 0)
@@ -44,8 +54,8 @@ def share(rows, tasks):
 
 
 def mcnemar(a, b, tasks):
-    gained = sum(1 for t in tasks if a[t]["passed"] and not b[t]["passed"])
-    lost = sum(1 for t in tasks if b[t]["passed"] and not a[t]["passed"])
+    gained = sum(1 for t in tasks if rate(a[t]) > rate(b[t]))
+    lost = sum(1 for t in tasks if rate(b[t]) > rate(a[t]))
     n, k = gained + lost, min(gained, lost)
     p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
     return gained, lost, p
@@ -77,14 +87,16 @@ def main():
     print(f"{len(tasks)} problems")
     print("| variant | pass@1 | large-model share |\n|---|---|---|")
     for s, v in table:
-        k = sum(rows[v][t]["passed"] for t in tasks)
-        print(f"| {v} | {100 * k / len(tasks):.1f}% ({k}/{len(tasks)}) | {100 * s:.1f}% |")
+        k = sum(rate(rows[v][t]) for t in tasks)
+        n = max(len(rows[v][t]) for t in tasks)
+        each = f", {n} samples a problem" if n > 1 else ""
+        print(f"| {v} | {100 * k / len(tasks):.1f}% ({k:g}/{len(tasks)}{each}) | {100 * s:.1f}% |")
     for x, y in a.pair:
         if x not in full or y not in full:
             print(f"{x} vs {y}: not on the same problems")
             continue
         g, l, p = mcnemar(rows[x], rows[y], tasks)
-        print(f"{x} vs {y}: {g} gained / {l} lost, exact McNemar p = {p:.2g}")
+        print(f"{x} vs {y}: {g} gained / {l} lost, exact McNemar (sign) p = {p:.2g}")
 
 
 if __name__ == "__main__":

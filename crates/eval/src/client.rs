@@ -15,6 +15,8 @@ pub struct RequestSpec {
     pub model: String,
     pub max_tokens: usize,
     pub temperature: f64,
+    /// Nucleus sampling (omitted: the server's default, 1).
+    pub top_p: Option<f64>,
     pub stop: Vec<String>,
     /// tokenrouter's per-request routing overrides (omitted when empty).
     pub routing: BTreeMap<String, f64>,
@@ -159,6 +161,9 @@ impl RequestSpec {
             // (greedy decoding does not depend on it).
             "seed": self.seed,
         });
+        if let Some(p) = self.top_p {
+            body["top_p"] = json!(p);
+        }
         if !self.stop.is_empty() {
             body["stop"] = json!(self.stop);
         }

