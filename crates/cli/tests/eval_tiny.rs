@@ -469,6 +469,17 @@ async fn eval_samples_give_pass_at_k_and_resume() {
         "{threshold: 0.5}",
     );
     let (url, engine, stop) = serve(&rstitch).await;
+    // Each variant starts from an empty prefix cache: our server (and SGLang) has
+    // `/flush_cache`; a server with neither it nor vLLM's `/reset_prefix_cache` is told apart.
+    let client =
+        tokenrouter_eval::client::Client::new(Duration::from_secs(30), None).expect("client");
+    assert_eq!(client.flush_cache(&url).await, Ok(true));
+    let bare = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let bare_url = format!("http://{}", bare.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(bare, axum::Router::new()).await });
+    assert_eq!(client.flush_cache(&bare_url).await, Ok(false));
     let data = dir.path().join("data.jsonl");
     let rows = [
         json!({"id": "p0", "prompt": prompt(0), "answer": greedy(&url, "reference", 0).await}),

