@@ -544,6 +544,8 @@ pub struct ModelLoad {
     pub waiting: usize,
     /// Fraction of its KV blocks in use.
     pub kv_usage: f64,
+    /// Tokens its KV blocks in use can hold (whole blocks).
+    pub kv_tokens: usize,
 }
 
 #[cfg(test)]

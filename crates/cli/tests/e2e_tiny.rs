@@ -194,7 +194,19 @@ async fn binary_exits_zero_on_sigterm() {
         // The same load under vLLM's names (what gateways and autoscalers read).
         let vllm = value("vllm:num_requests_running{model_name=\"tokenrouter\"} ")
             + value("vllm:num_requests_waiting{model_name=\"tokenrouter\"} ");
-        if active >= 1.0 && vllm >= 1.0 {
+        // And as SGLang's router polls it.
+        let load: serde_json::Value = client
+            .get(format!("{root}/get_load"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let sglang = load[0]["num_reqs"].as_u64().unwrap_or(0)
+            + load[0]["num_waiting_reqs"].as_u64().unwrap_or(0);
+        assert!(load[0]["num_tokens"].is_u64(), "{load}");
+        if active >= 1.0 && vllm >= 1.0 && sglang >= 1 {
             break;
         }
         assert!(

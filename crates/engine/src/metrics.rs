@@ -17,6 +17,8 @@ pub struct EngineMetrics {
     pub running: GaugeVec,
     pub waiting: GaugeVec,
     pub kv_usage: GaugeVec,
+    /// Tokens held in a model's KV blocks (SGLang's `num_used_tokens`).
+    pub kv_used_tokens: GaugeVec,
     pub prefix_queried: GaugeVec,
     pub prefix_hits: GaugeVec,
     pub threshold: GaugeVec,
@@ -111,6 +113,13 @@ impl EngineMetrics {
         )?;
         let kv_usage = GaugeVec::new(
             Opts::new(m("kv_cache_usage_perc"), "Fraction of KV blocks in use"),
+            &["model"],
+        )?;
+        let kv_used_tokens = GaugeVec::new(
+            Opts::new(
+                m("kv_cache_used_tokens"),
+                "Tokens the KV blocks held by requests can store (whole blocks)",
+            ),
             &["model"],
         )?;
         let prefix_queried = GaugeVec::new(
@@ -215,6 +224,7 @@ impl EngineMetrics {
         registry.register(Box::new(running.clone()))?;
         registry.register(Box::new(waiting.clone()))?;
         registry.register(Box::new(kv_usage.clone()))?;
+        registry.register(Box::new(kv_used_tokens.clone()))?;
         registry.register(Box::new(prefix_queried.clone()))?;
         registry.register(Box::new(prefix_hits.clone()))?;
         registry.register(Box::new(threshold.clone()))?;
@@ -233,6 +243,7 @@ impl EngineMetrics {
             running,
             waiting,
             kv_usage,
+            kv_used_tokens,
             prefix_queried,
             prefix_hits,
             threshold,

@@ -148,9 +148,11 @@ impl SubServer {
         m.waiting
             .with_label_values(&[name])
             .set(self.waiting.len() as f64);
-        m.kv_usage
+        let usage = self.runner.usage();
+        m.kv_usage.with_label_values(&[name]).set(usage.fraction());
+        m.kv_used_tokens
             .with_label_values(&[name])
-            .set(self.runner.usage().fraction());
+            .set((usage.used_blocks * usage.block_size) as f64);
         let (queried, hits) = self.runner.prefix_hits();
         m.prefix_queried
             .with_label_values(&[name])

@@ -1,8 +1,8 @@
-//! API-key check for `/v1/*`, SGLang's `/generate`, `/health_generate`, `/get_model_info`
-//! `/flush_cache` and `/abort_request`, vLLM's `/reset_prefix_cache`, and llama.cpp's
+//! API-key check for `/v1/*`, SGLang's `/generate`, `/health_generate`, `/get_model_info`,
+//! `/get_server_info` (and their newer names), `/flush_cache` and `/abort_request`, vLLM's `/reset_prefix_cache`, and llama.cpp's
 //! `/completion`, `/completions` and `/infill` (every route that generates, names
-//! the models or changes the server's state) when a key is configured (`Authorization: Bearer <key>`); health, metrics, version and tokenize stay
-//! open, as in vLLM.
+//! the models or changes the server's state) when a key is configured (`Authorization: Bearer <key>`); health, metrics (and SGLang's
+//! `/get_load`, the same numbers), version and tokenize stay open, as in vLLM.
 
 use axum::extract::{Request, State};
 use axum::http::header;
@@ -19,6 +19,9 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
             "/generate",
             "/health_generate",
             "/get_model_info",
+            "/model_info",
+            "/get_server_info",
+            "/server_info",
             "/flush_cache",
             "/reset_prefix_cache",
             "/abort_request",

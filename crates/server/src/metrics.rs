@@ -127,8 +127,14 @@ pub fn load_text(load: &[ModelLoad], served_name: &str) -> String {
     let running: usize = load.iter().map(|m| m.running).sum();
     let waiting: usize = load.iter().map(|m| m.waiting).sum();
     let kv = load.iter().map(|m| m.kv_usage).fold(0.0, f64::max);
+    let tokens: usize = load.iter().map(|m| m.kv_tokens).sum();
     let name = served_name.replace('\\', "\\\\").replace('"', "\\\"");
-    let (running, waiting, kv) = (running.to_string(), waiting.to_string(), kv.to_string());
+    let (running, waiting, kv, tokens) = (
+        running.to_string(),
+        waiting.to_string(),
+        kv.to_string(),
+        tokens.to_string(),
+    );
     let busy = "Requests in the models' running batches.";
     let queued = "Requests queued at the models.";
     let full = "KV-cache usage of the fullest model (1 = full).";
@@ -144,6 +150,11 @@ pub fn load_text(load: &[ModelLoad], served_name: &str) -> String {
         ("sglang:num_running_reqs", busy, &running),
         ("sglang:num_queue_reqs", queued, &waiting),
         ("sglang:token_usage", full, &kv),
+        (
+            "sglang:num_used_tokens",
+            "Tokens the models' KV blocks in use hold.",
+            &tokens,
+        ),
     ];
     let mut out = String::new();
     for (metric, help, value) in gauges {
@@ -301,6 +312,7 @@ mod tests {
             running,
             waiting,
             kv_usage,
+            kv_tokens: running * 16,
         };
         let text = load_text(
             &[load("quick", 3, 1, 0.25), load("reference", 2, 4, 0.5)],
@@ -314,6 +326,7 @@ mod tests {
             r#"sglang:num_running_reqs{model_name="my \"model\""} 5"#,
             r#"sglang:num_queue_reqs{model_name="my \"model\""} 5"#,
             r#"sglang:token_usage{model_name="my \"model\""} 0.5"#,
+            r#"sglang:num_used_tokens{model_name="my \"model\""} 80"#,
             "# TYPE vllm:num_requests_waiting gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");

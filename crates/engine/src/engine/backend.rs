@@ -103,6 +103,7 @@ impl Backend for Engine {
                     running: of(&m.running) as usize,
                     waiting: of(&m.waiting) as usize,
                     kv_usage: of(&m.kv_usage),
+                    kv_tokens: of(&m.kv_used_tokens) as usize,
                     name: model.name,
                 }
             })

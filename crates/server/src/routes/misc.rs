@@ -1,6 +1,7 @@
 //! Operational endpoints: `/health` (503 until the backend is ready and while shutting
-//! down), SGLang's `/health_generate` (a token from every model), `/get_model_info` and
-//! `/flush_cache` (vLLM's `/reset_prefix_cache`), `/abort_request`,
+//! down), SGLang's `/health_generate` (a token from every model), `/get_model_info`,
+//! `/get_server_info`, `/get_load` (what SGLang's router polls) and `/flush_cache` (vLLM's
+//! `/reset_prefix_cache`), `/abort_request`,
 //! `/metrics` (engine exposition followed by the server's own), `/version`, and the
 //! OpenAI-shaped 404 for unknown routes.
 
@@ -119,6 +120,50 @@ pub async fn model_info(State(state): State<AppState>) -> Json<serde_json::Value
         "served_model_name": state.config.served_model_name,
         "models": models,
     }))
+}
+
+/// SGLang's `/get_server_info` (and its newer name `/server_info`): what a client or SGLang's
+/// router reads about the server — the entry model and its context, every model of the pair,
+/// one data-parallel rank of one tensor-parallel rank, and each model's load now.
+pub async fn server_info(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let models = state.backend.models();
+    let entry = models.first();
+    let path = entry.map(|m| m.source.clone()).unwrap_or_default();
+    let loads: Vec<serde_json::Value> = state
+        .backend
+        .load()
+        .iter()
+        .map(|l| {
+            json!({"model": l.name, "num_running_reqs": l.running, "num_queue_reqs": l.waiting,
+                "token_usage": l.kv_usage, "num_used_tokens": l.kv_tokens})
+        })
+        .collect();
+    Json(json!({
+        "model_path": path,
+        "tokenizer_path": path,
+        "served_model_name": state.config.served_model_name,
+        "context_length": entry.map(|m| m.context_length),
+        "is_embedding": false,
+        "dp_size": 1,
+        "tp_size": 1,
+        "api_key_required": state.config.api_key.is_some(),
+        "models": models,
+        "internal_states": [{"dp_rank": 0, "models": loads}],
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+}
+
+/// SGLang's `/get_load`, which its router's load-aware policies poll: one entry per
+/// data-parallel rank (one here) with the requests in the models' running batches, those
+/// queued, and the tokens their KV blocks hold — summed over the pair, as `/metrics` sums them.
+pub async fn get_load(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let load = state.backend.load();
+    Json(json!([{
+        "dp_rank": 0,
+        "num_reqs": load.iter().map(|m| m.running).sum::<usize>(),
+        "num_waiting_reqs": load.iter().map(|m| m.waiting).sum::<usize>(),
+        "num_tokens": load.iter().map(|m| m.kv_tokens).sum::<usize>(),
+    }]))
 }
 
 /// SGLang's `/flush_cache` and vLLM's `/reset_prefix_cache`: every model forgets its cached

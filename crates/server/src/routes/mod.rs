@@ -40,6 +40,10 @@ pub fn build(state: AppState) -> Router {
         .route("/health", get(misc::health))
         .route("/health_generate", get(misc::health_generate))
         .route("/get_model_info", get(misc::model_info))
+        .route("/model_info", get(misc::model_info))
+        .route("/get_server_info", get(misc::server_info))
+        .route("/server_info", get(misc::server_info))
+        .route("/get_load", get(misc::get_load))
         .route(
             "/flush_cache",
             get(misc::flush_cache).post(misc::flush_cache),

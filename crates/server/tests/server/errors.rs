@@ -246,7 +246,14 @@ async fn api_key_guards_v1_and_generate_only() {
             .status(),
         StatusCode::OK
     );
-    for guarded in ["/health_generate", "/get_model_info", "/flush_cache"] {
+    for guarded in [
+        "/health_generate",
+        "/get_model_info",
+        "/model_info",
+        "/get_server_info",
+        "/server_info",
+        "/flush_cache",
+    ] {
         assert_eq!(
             send(app.clone(), get(guarded)).await.status(),
             StatusCode::UNAUTHORIZED,
@@ -266,7 +273,7 @@ async fn api_key_guards_v1_and_generate_only() {
             "{guarded}"
         );
     }
-    for open in ["/health", "/metrics", "/version"] {
+    for open in ["/health", "/metrics", "/version", "/get_load"] {
         assert_eq!(
             send(app.clone(), get(open)).await.status(),
             StatusCode::OK,

@@ -35,6 +35,8 @@ const PATHS: &[&str] = &[
     "/v1/responses/resp_x?stream=true&starting_after=-1",
     "/health_generate",
     "/get_model_info",
+    "/get_server_info",
+    "/get_load",
     "/flush_cache",
     "/reset_prefix_cache",
     "/abort_request",

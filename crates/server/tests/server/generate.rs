@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::common::{app, error_of, get, mock, post, post_json, send, sse_data, text};
 use crate::mock::{logprob_of, prompt_logprob_of, MockBackend, MockConfig, EOS};
+use tokenrouter_api::ModelLoad;
 
 const SCRIPT: &str = "Hello, world! The answer is 42. é日本🙂 END of story.";
 
@@ -231,6 +232,45 @@ async fn model_info_names_the_pair() {
     assert_eq!(body["is_generation"], true);
     assert_eq!(body["models"].as_array().unwrap().len(), 2);
     assert_eq!(body["models"][1]["name"], "reference");
+}
+
+/// SGLang's `/get_load` (what its router's load-aware policies poll) sums the pair's load as
+/// one data-parallel rank; `/get_server_info` (and `/server_info`) names the pair and tells
+/// each model's load; `/model_info` is `/get_model_info`'s newer name.
+#[tokio::test]
+async fn server_info_and_load_in_sglangs_shape() {
+    let load = |name: &str, running, waiting, kv_tokens| ModelLoad {
+        name: name.into(),
+        running,
+        waiting,
+        kv_usage: 0.25,
+        kv_tokens,
+    };
+    let m = MockBackend::new(MockConfig {
+        load: vec![load("quick", 2, 1, 48), load("reference", 1, 3, 32)],
+        ..MockConfig::default()
+    });
+    let (status, body) = get_json(app(&m), "/get_load").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body,
+        json!([{"dp_rank": 0, "num_reqs": 3, "num_waiting_reqs": 4, "num_tokens": 80}])
+    );
+    for path in ["/get_server_info", "/server_info"] {
+        let (status, body) = get_json(app(&m), path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(body["model_path"], "mock/small", "{body}");
+        assert_eq!(body["context_length"], 512, "{body}");
+        assert_eq!(body["dp_size"], 1, "{body}");
+        assert_eq!(body["models"][1]["name"], "reference", "{body}");
+        let models = &body["internal_states"][0]["models"];
+        assert_eq!(models[1]["num_queue_reqs"], 3, "{body}");
+        assert_eq!(models[0]["num_used_tokens"], 48, "{body}");
+        assert!(body["version"].is_string(), "{body}");
+    }
+    let (status, body) = get_json(app(&m), "/model_info").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["is_generation"], true);
 }
 
 /// SGLang's `n`: each prompt sampled n times, the batch once per sample (SGLang's order),

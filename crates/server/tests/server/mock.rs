@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokenrouter_api::{
     Backend, ChatMessage, FinishReason, GenerateEvent, GenerateRequest, GenerateStream, ModelInfo,
-    OutputConstraint, RoutingOverrides, SubmitError, TextError, TokenEvent,
+    ModelLoad, OutputConstraint, RoutingOverrides, SubmitError, TextError, TokenEvent,
 };
 use tokio::sync::{mpsc, Notify};
 
@@ -60,6 +60,8 @@ pub struct MockConfig {
     pub fim: bool,
     /// The routing a fill-in-the-middle request gets when it gives none.
     pub fim_routing: RoutingOverrides,
+    /// What `Backend::load` reports.
+    pub load: Vec<ModelLoad>,
 }
 
 impl Default for MockConfig {
@@ -82,6 +84,7 @@ impl Default for MockConfig {
             calls_tools: false,
             fim: true,
             fim_routing: RoutingOverrides::default(),
+            load: Vec::new(),
         }
     }
 }
@@ -187,6 +190,10 @@ pub fn prompt_logprob_of(i: usize) -> f32 {
 impl Backend for MockBackend {
     fn models(&self) -> Vec<ModelInfo> {
         self.cfg.models.clone()
+    }
+
+    fn load(&self) -> Vec<ModelLoad> {
+        self.cfg.load.clone()
     }
 
     fn is_ready(&self) -> bool {
