@@ -14,7 +14,8 @@
 #   7. checks that the engine builds as a library without the download stack and the
 #      synthetic-model writers (`fetch`, `synth` off);
 #   8. installs the Python package as a user would (a fresh venv, `pip install ./python`:
-#      maturin builds the wheel from crates.io and PyPI only) and runs its pytest suite.
+#      maturin builds the wheel from crates.io and PyPI only) and runs its pytest suite;
+#   9. runs the helper scripts' own tests (scripts/tests, standard-library unittest).
 # fmt, tests and clippy all run even when an earlier one fails; the summary names the failures.
 #
 # Environment: CARGO_TARGET_DIR (default target/), TOKENROUTER_CACHE (model cache, default
@@ -98,6 +99,7 @@ python_package() {
   "$venv/bin/python" -m pytest -q python/tests
 }
 check "python package (fresh venv, pytest)" python_package
+check "helper scripts (python3 -m unittest)" python3 -m unittest discover -s scripts/tests
 
 if [ ${#failed[@]} -gt 0 ]; then
   step "FAILED after $(elapsed): ${failed[*]}"
