@@ -73,6 +73,13 @@ async fn serve(file: &Path) -> (String, Engine, tokio::sync::oneshot::Sender<()>
     (format!("http://{addr}"), engine, stop_tx)
 }
 
+/// The tiny pair under R-Stitch (threshold 0.5), served.
+async fn serve_rstitch(dir: &Path) -> (String, Engine, tokio::sync::oneshot::Sender<()>) {
+    let pair = write_pair(dir);
+    let rstitch = config(dir, &pair, "rstitch_slm", "rstitch_llm", "{threshold: 0.5}");
+    serve(&rstitch).await
+}
+
 async fn chat(url: &str, body: Value) -> (u16, Value) {
     let r = reqwest::Client::new()
         .post(format!("{url}/v1/chat/completions"))
@@ -382,15 +389,7 @@ async fn greedy_infill(url: &str, model: &str, i: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eval_fills_in_the_middle_through_the_suffix() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let pair = write_pair(dir.path());
-    let rstitch = config(
-        dir.path(),
-        &pair,
-        "rstitch_slm",
-        "rstitch_llm",
-        "{threshold: 0.5}",
-    );
-    let (url, engine, stop) = serve(&rstitch).await;
+    let (url, engine, stop) = serve_rstitch(dir.path()).await;
     let small = greedy_infill(&url, "quick", 0).await;
     let large = greedy_infill(&url, "reference", 1).await;
     let rows = [
@@ -460,15 +459,7 @@ async fn eval_fills_in_the_middle_through_the_suffix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eval_samples_give_pass_at_k_and_resume() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let pair = write_pair(dir.path());
-    let rstitch = config(
-        dir.path(),
-        &pair,
-        "rstitch_slm",
-        "rstitch_llm",
-        "{threshold: 0.5}",
-    );
-    let (url, engine, stop) = serve(&rstitch).await;
+    let (url, engine, stop) = serve_rstitch(dir.path()).await;
     // Each variant starts from an empty prefix cache: our server (and SGLang) has
     // `/flush_cache`; a server with neither it nor vLLM's `/reset_prefix_cache` is told apart.
     let client =
