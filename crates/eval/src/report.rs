@@ -52,19 +52,26 @@ pub struct VariantSummary {
     pub errors: usize,
 }
 
+/// Each problem's answers, problems in the order results first list them.
+fn by_task(results: &[ProblemResult]) -> Vec<(&str, Vec<&ProblemResult>)> {
+    let mut order: Vec<(&str, Vec<&ProblemResult>)> = Vec::new();
+    let mut at: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in results {
+        let i = *at.entry(r.task_id.as_str()).or_insert_with(|| {
+            order.push((r.task_id.as_str(), Vec::new()));
+            order.len() - 1
+        });
+        order[i].1.push(r);
+    }
+    order
+}
+
 /// `(answers, passed)` for each problem, in the order results list them.
 pub fn per_problem(results: &[ProblemResult]) -> Vec<(usize, usize)> {
-    let mut order: Vec<&str> = Vec::new();
-    let mut counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for r in results {
-        let e = counts.entry(r.task_id.as_str()).or_insert_with(|| {
-            order.push(r.task_id.as_str());
-            (0, 0)
-        });
-        e.0 += 1;
-        e.1 += usize::from(r.passed);
-    }
-    order.iter().map(|id| counts[id]).collect()
+    by_task(results)
+        .iter()
+        .map(|(_, rs)| (rs.len(), rs.iter().filter(|r| r.passed).count()))
+        .collect()
 }
 
 /// Summarise a variant; `large` is the large model's name (for the share), `params` the
@@ -168,42 +175,32 @@ pub fn relate_to_large(rows: &mut [VariantSummary]) {
     }
 }
 
-/// A problem's answers from one variant, averaged: pass rate, answer length, difficulty.
-#[derive(Default)]
+/// A problem's answers from one variant, averaged: pass rate, answer length, and the
+/// difficulty score when every answer has one (it is the small model's own score).
 struct Mean {
-    n: f64,
     pass: f64,
     tokens: f64,
     difficulty: Option<f64>,
-    scored: usize,
 }
 
-fn means(results: &[ProblemResult]) -> (Vec<&str>, BTreeMap<&str, Mean>) {
-    let mut order = Vec::new();
-    let mut by_id: BTreeMap<&str, Mean> = BTreeMap::new();
-    for r in results {
-        let m = by_id.entry(r.task_id.as_str()).or_insert_with(|| {
-            order.push(r.task_id.as_str());
-            Mean::default()
-        });
-        m.n += 1.0;
-        m.pass += f64::from(u8::from(r.passed));
-        m.tokens += r.answer.completion_tokens as f64;
-        if let Some(d) = r.difficulty {
-            m.difficulty = Some(m.difficulty.unwrap_or(0.0) + d);
-            m.scored += 1;
-        }
-    }
-    for m in by_id.values_mut() {
-        m.pass /= m.n;
-        m.tokens /= m.n;
-        // A difficulty only when every answer has one (it is the small model's own score).
-        m.difficulty = m
-            .difficulty
-            .filter(|_| m.scored as f64 == m.n)
-            .map(|d| d / m.n);
-    }
-    (order, by_id)
+fn means(results: &[ProblemResult]) -> Vec<(&str, Mean)> {
+    by_task(results)
+        .into_iter()
+        .map(|(id, rs)| {
+            let n = rs.len() as f64;
+            let difficulty: Option<f64> = rs.iter().map(|r| r.difficulty).sum();
+            let mean = Mean {
+                pass: rs.iter().filter(|r| r.passed).count() as f64 / n,
+                tokens: rs
+                    .iter()
+                    .map(|r| r.answer.completion_tokens as f64)
+                    .sum::<f64>()
+                    / n,
+                difficulty: difficulty.map(|d| d / n),
+            };
+            (id, mean)
+        })
+        .collect()
 }
 
 /// The request-level curves from the small and large variants' results (problems both
@@ -212,12 +209,11 @@ pub fn request_level_from(
     small: &[ProblemResult],
     large: &[ProblemResult],
 ) -> Option<RequestLevel> {
-    let (order, small) = means(small);
-    let (_, large) = means(large);
-    let pairs: Vec<PairOutcome> = order
+    let large: BTreeMap<&str, Mean> = means(large).into_iter().collect();
+    let pairs: Vec<PairOutcome> = means(small)
         .iter()
-        .filter_map(|id| {
-            let (s, l) = (small.get(id)?, large.get(id)?);
+        .filter_map(|(id, s)| {
+            let l = large.get(id)?;
             Some(PairOutcome {
                 small_pass: s.pass,
                 large_pass: l.pass,
@@ -549,6 +545,58 @@ pub(crate) fn test_row(variant: &str, role: Role, pass: f64, share: f64) -> Vari
 mod tests {
     use super::test_row as row;
     use super::*;
+
+    fn answer(
+        task: &str,
+        sample: usize,
+        passed: bool,
+        tokens: u64,
+        d: Option<f64>,
+    ) -> ProblemResult {
+        ProblemResult {
+            variant: "v".into(),
+            task_id: task.into(),
+            sample,
+            passed,
+            exec_status: None,
+            exec_detail: String::new(),
+            has_code: true,
+            difficulty: d,
+            answer: crate::client::Answer {
+                completion_tokens: tokens,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn samples_become_pass_rates_and_mean_lengths_per_problem() {
+        // Small: "a" passes 1 of 2 (10 and 20 tokens), "b" 2 of 2; large passes both always.
+        let small = [
+            answer("a", 0, true, 10, Some(0.2)),
+            answer("b", 0, true, 10, Some(0.4)),
+            answer("a", 1, false, 20, Some(0.6)),
+            answer("b", 1, true, 10, None),
+        ];
+        let large: Vec<_> = ["a", "b", "a", "b"]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| answer(t, i / 2, true, 30, None))
+            .collect();
+        assert_eq!(per_problem(&small), [(2, 1), (2, 2)]);
+        let m = means(&small);
+        assert_eq!(m[0].0, "a");
+        assert_eq!((m[0].1.pass, m[0].1.tokens), (0.5, 15.0));
+        assert!((m[0].1.difficulty.unwrap() - 0.4).abs() < 1e-12);
+        // "b" lacks a score on one answer: no difficulty, so no difficulty curve.
+        assert_eq!(m[1].1.difficulty, None);
+        let rl = request_level_from(&small, &large).expect("both scored");
+        assert!(rl.difficulty.is_none());
+        // The oracle sends "a" (the small model's lower rate): 1.0 at 30 of 40 tokens.
+        assert_eq!(rl.oracle[1].pass_at_1, 1.0);
+        assert!((rl.oracle[1].llm_share - 30.0 / 40.0).abs() < 1e-12);
+        assert_eq!(rl.oracle[0].pass_at_1, 0.75);
+    }
 
     #[test]
     fn targets_parse_and_pick_the_cheapest_or_best_point() {
