@@ -7,6 +7,7 @@
 //! `tokens.csv` and `pareto.svg`, prints the table, and picks the threshold a target calls
 //! for.
 
+pub mod calibrate;
 pub mod client;
 pub mod dataset;
 pub mod exec;
@@ -24,9 +25,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 
+use calibrate::Target;
 use client::Client;
 use dataset::DatasetSpec;
-use report::{Target, VariantSummary};
+use report::VariantSummary;
 use run::{Role, RunContext, Variant, VariantRun};
 use tokens::TokenStats;
 
@@ -536,7 +538,7 @@ fn finish(
     plot::pareto_svg(&out.join("pareto.svg"), &summaries, rl.as_ref(), &title)?;
     let mut table = report::table(&summaries, rl.as_ref());
     table.push_str(&digest);
-    let calibration = target.map(|t| match report::calibrate(&summaries, t) {
+    let calibration = target.map(|t| match calibrate::calibrate(&summaries, t) {
         Ok(pick) => {
             let kwargs: Vec<String> = pick
                 .routing
