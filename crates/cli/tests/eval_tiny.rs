@@ -478,45 +478,46 @@ async fn eval_samples_give_pass_at_k_and_resume() {
     ];
     let lines: Vec<String> = rows.iter().map(Value::to_string).collect();
     std::fs::write(&data, lines.join("\n")).expect("write data");
-    let out = dir.path().join("out");
-    let args = |variants: &str, samples: &str, top_p: Option<&str>, temperature: &str| {
-        use clap::Parser;
-        let mut a = vec![
-            "eval".to_string(),
-            "--url".into(),
-            url.clone(),
-            "--dataset".into(),
-            data.to_str().expect("utf-8 path").into(),
-            "--variants".into(),
-            variants.into(),
-            "--samples".into(),
-            samples.into(),
-            "--pass-at".into(),
-            "1,2,3,10".into(),
-            "--temperature".into(),
-            temperature.into(),
-            "--max-tokens".into(),
-            MAX_TOKENS.to_string(),
-            "--no-progress".into(),
-            "--out-dir".into(),
-            out.to_str().expect("utf-8 path").into(),
-        ];
-        if let Some(p) = top_p {
-            a.extend(["--top-p".to_string(), p.to_string()]);
-        }
-        tokenrouter_eval::EvalArgs::parse_from(a)
-    };
-    let e = tokenrouter_eval::run(args("large", "3", None, "0"))
+    let (out, nucleus) = (dir.path().join("out"), dir.path().join("nucleus"));
+    let args =
+        |out: &Path, variants: &str, samples: &str, top_p: Option<&str>, temperature: &str| {
+            use clap::Parser;
+            let mut a = vec![
+                "eval".to_string(),
+                "--url".into(),
+                url.clone(),
+                "--dataset".into(),
+                data.to_str().expect("utf-8 path").into(),
+                "--variants".into(),
+                variants.into(),
+                "--samples".into(),
+                samples.into(),
+                "--pass-at".into(),
+                "1,2,3,10".into(),
+                "--temperature".into(),
+                temperature.into(),
+                "--max-tokens".into(),
+                MAX_TOKENS.to_string(),
+                "--no-progress".into(),
+                "--out-dir".into(),
+                out.to_str().expect("utf-8 path").into(),
+            ];
+            if let Some(p) = top_p {
+                a.extend(["--top-p".to_string(), p.to_string()]);
+            }
+            tokenrouter_eval::EvalArgs::parse_from(a)
+        };
+    let e = tokenrouter_eval::run(args(&nucleus, "large", "3", None, "0"))
         .await
         .err()
         .expect("greedy with samples is refused");
     assert!(e.to_string().contains("--temperature"), "{e}");
 
-    let outcome = tokenrouter_eval::run(args("large", "3", Some("1e-9"), "1.5"))
+    let outcome = tokenrouter_eval::run(args(&nucleus, "large", "3", Some("1e-9"), "1.5"))
         .await
         .expect("eval runs");
     println!("{}", outcome.table);
-    let v = by_variant(&out);
+    let v = by_variant(&nucleus);
     let large = &v["large"];
     assert_eq!(large["n"], 6, "{large}");
     assert_eq!(large["problems"], 2, "{large}");
@@ -541,7 +542,14 @@ async fn eval_samples_give_pass_at_k_and_resume() {
     assert!(outcome.table.contains("pass@3"), "{}", outcome.table);
 
     // The small model at temperature 1.5 (no top_p): pass@k from its own samples.
-    tokenrouter_eval::run(args("small", "3", None, "1.5"))
+    // Into the same directory with another top_p: refused, naming it (answers of two
+    // settings would be mixed in one table).
+    let e = tokenrouter_eval::run(args(&nucleus, "small", "3", None, "1.5"))
+        .await
+        .err()
+        .expect("other settings in one directory are refused");
+    assert!(e.to_string().contains("top_p 1e-9 (this run: null)"), "{e}");
+    tokenrouter_eval::run(args(&out, "small", "3", None, "1.5"))
         .await
         .expect("eval runs");
     let v = by_variant(&out);
@@ -585,7 +593,7 @@ async fn eval_samples_give_pass_at_k_and_resume() {
         .and_then(|m| m.modified())
         .expect("mtime");
     tokio::time::sleep(Duration::from_millis(20)).await;
-    tokenrouter_eval::run(args("small", "4", None, "1.5"))
+    tokenrouter_eval::run(args(&out, "small", "4", None, "1.5"))
         .await
         .expect("resumed eval runs");
     let after = std::fs::metadata(&kept)

@@ -15,6 +15,7 @@ pub mod plot;
 pub mod report;
 pub mod run;
 pub mod score;
+pub mod settings;
 pub mod stats;
 pub mod tokens;
 
@@ -118,6 +119,10 @@ pub struct EvalArgs {
     /// `--temperature` > 0. Each has its own seed; a later run with more adds only the new.
     #[arg(long, default_value_t = 1)]
     pub samples: usize,
+    /// Base of every request's seed (a problem's samples and problems get seeds derived
+    /// from it): another value draws other samples. 0 keeps the seeds runs always had.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     /// The k of pass@k to report (those up to `--samples`).
     #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
     pub pass_at: Vec<usize>,
@@ -286,6 +291,7 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
         temperature: args.temperature,
         top_p: args.top_p,
         samples: args.samples,
+        seed: args.seed,
         flush_prefix_cache: !args.keep_prefix_cache,
         stop: if !args.stop.is_empty() {
             args.stop.clone()
@@ -306,6 +312,17 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
         progress: !args.no_progress,
         exec_slots: Arc::new(tokio::sync::Semaphore::new(2)),
     };
+    settings::check_or_record(
+        &args.out_dir,
+        &settings::GenerationSettings {
+            dataset: args.dataset.clone(),
+            max_tokens: ctx.max_tokens,
+            temperature: ctx.temperature,
+            top_p: ctx.top_p,
+            stop: ctx.stop.clone(),
+            seed: ctx.seed,
+        },
+    )?;
     eprintln!(
         "evaluating {} problems{} x {} variants against {} (small {:?}, large {:?}, routed {:?})",
         problems.len(),

