@@ -270,7 +270,7 @@ fn run_batch_answers_a_batch_file() {
         line(
             "b",
             "/v1/completions",
-            serde_json::json!({"prompt": "def f(", "max_tokens": 5}),
+            serde_json::json!({"prompt": "def f(", "max_tokens": 5, "temperature": 0, "ignore_eos": true}),
         ),
         line("c", "/v1/chat/completions", chat),
         line(
