@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub mod fim_markers;
+pub mod llama_chain;
+pub use llama_chain::{DryParams, LlamaChain, LlamaStage};
 use tokio::sync::mpsc;
 
 /// Index of a configured model (0 = the entry model, usually the small one).
@@ -56,6 +58,10 @@ pub struct SamplingParams {
     /// penalty over prompt and output, presence and frequency over the output.
     #[serde(default)]
     pub penalty_last_n: Option<usize>,
+    /// llama.cpp's sampler chain (its extra samplers and its order), for requests that ask
+    /// for it; `None`: vLLM's order (temperature, then top-k, min-p, top-p).
+    #[serde(default)]
+    pub llama: Option<LlamaChain>,
 }
 
 impl Default for SamplingParams {
@@ -74,6 +80,7 @@ impl Default for SamplingParams {
             allowed_token_ids: None,
             bad_words: Vec::new(),
             penalty_last_n: None,
+            llama: None,
         }
     }
 }
@@ -165,6 +172,9 @@ impl SamplingParams {
                 "a bad word must be at least one token".into(),
             ));
         }
+        if let Some(chain) = &self.llama {
+            chain.validate()?;
+        }
         Ok(())
     }
 
@@ -182,6 +192,7 @@ impl SamplingParams {
             && self.frequency_penalty == 0.0
             && self.repetition_penalty == 1.0
             && self.logit_bias.is_empty()
+            && !self.llama.as_ref().is_some_and(LlamaChain::extra_samplers)
     }
 }
 

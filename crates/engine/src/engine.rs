@@ -103,6 +103,8 @@ struct Inner {
     remote_stats: Arc<crate::remote::ProxyStats>,
     /// Structured output's token table (from the entry model's tokenizer, once loaded).
     grammar: OnceLock<Arc<LazyCompiler>>,
+    /// DRY's sequence breakers as token sequences, by the texts requests gave.
+    dry: crate::dry_breakers::DryTables,
 }
 
 /// The running engine; cheap to clone.
@@ -220,6 +222,7 @@ impl Engine {
             remote_rt: Mutex::new(None),
             remote_stats: Default::default(),
             grammar: OnceLock::new(),
+            dry: Default::default(),
         });
         let engine = Engine { inner };
         let e2 = engine.clone();

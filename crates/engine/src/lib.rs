@@ -3,6 +3,7 @@
 //! batching, and a lockstep mode for comparison.
 
 pub mod config;
+pub(crate) mod dry_breakers;
 pub mod engine;
 pub mod exchange;
 pub mod methods;

@@ -87,6 +87,17 @@ impl GrammarCompiler {
         })
     }
 
+    /// How many ids the token table holds (the logits' width).
+    pub fn vocab_len(&self) -> usize {
+        self.env.tok_trie().vocab_size()
+    }
+
+    /// The bytes token `id` writes (empty for padding; special tokens carry the table's
+    /// marker byte first, so no text a user gives matches them).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.env.tok_trie().token(id)
+    }
+
     /// A fresh grammar state for one request; an invalid constraint is
     /// [`GrammarError::Invalid`] with llguidance's reason.
     pub fn compile(&self, constraint: &OutputConstraint) -> Result<Grammar, GrammarError> {
@@ -206,6 +217,15 @@ impl LazyCompiler {
                     .map(Arc::new)
             })
             .clone()
+    }
+
+    /// `text`'s ids as the tokenizer splits it, no special tokens added (the ids that
+    /// follow a DRY sequence breaker's first token).
+    pub fn encode_plain(&self, text: &str) -> Vec<u32> {
+        self.tokenizer
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .unwrap_or_default()
     }
 
     /// Builds it now on a thread of its own, so that the first constrained request finds

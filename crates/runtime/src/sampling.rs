@@ -7,11 +7,15 @@ use rand::{Rng, SeedableRng};
 // position, so a request's sampler can continue in another process (remote sub-servers).
 use rand_chacha::ChaCha12Rng;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 pub use tokenrouter_api::SamplingParams;
 
+pub mod dry;
+mod llama;
 pub mod race;
 mod unsorted;
+pub use dry::DryBreakers;
 pub use race::RowDraw;
 
 /// A sampled token with its log-probability and the top alternatives, all natural-log
@@ -38,6 +42,11 @@ pub struct Sampler {
     /// llama.cpp's penalty window (`config.penalty_last_n`): the last tokens of the prompt
     /// and output, oldest first, whose counts all three penalties read. Empty without one.
     window: VecDeque<u32>,
+    /// DRY's window (llama.cpp's chain with DRY on): the last tokens of the prompt and
+    /// output, oldest first. Empty without DRY.
+    history: VecDeque<u32>,
+    /// DRY's sequence breakers in this vocabulary (set by the engine).
+    breakers: Arc<DryBreakers>,
 }
 
 /// `e^x`, accurate to ~2e-7 relative, written so loops over a row auto-vectorise (a row
@@ -216,6 +225,8 @@ impl Sampler {
             adjust: Vec::new(),
             adjust_at: HashMap::new(),
             window: VecDeque::new(),
+            history: VecDeque::new(),
+            breakers: Arc::default(),
         };
         for (tok, b) in s.config.logit_bias.clone() {
             s.entry(tok).bias += b;
@@ -236,6 +247,12 @@ impl Sampler {
                 }
             }
         }
+        // DRY reads its own window of the prompt (`observe` above may have begun one).
+        if let Some(n) = s.dry_window() {
+            s.history.clear();
+            s.history
+                .extend(prompt[prompt.len().saturating_sub(n)..].iter().copied());
+        }
         s
     }
 
@@ -245,6 +262,7 @@ impl Sampler {
     pub fn rewind(&mut self, prompt: &[u32], output: &[u32]) {
         let mut fresh = Self::new(self.config.clone(), 0, prompt);
         fresh.rng = self.rng.clone();
+        fresh.breakers = self.breakers.clone();
         for &t in output {
             fresh.observe(t);
         }
@@ -326,8 +344,39 @@ impl Sampler {
         v
     }
 
+    /// How many tokens DRY scans (`usize::MAX`: all), or `None` without DRY.
+    fn dry_window(&self) -> Option<usize> {
+        let chain = self.config.llama.as_ref()?;
+        let dry = chain.dry.as_ref().filter(|d| d.is_active())?;
+        chain
+            .order
+            .contains(&tokenrouter_api::LlamaStage::Dry)
+            .then(|| dry.penalty_last_n.unwrap_or(usize::MAX))
+    }
+
+    /// DRY's sequence breakers as token sequences of this vocabulary (the engine finds
+    /// them from the request's texts; none by default).
+    pub fn set_dry_breakers(&mut self, breakers: Arc<DryBreakers>) {
+        self.breakers = breakers;
+    }
+
+    /// Whether this request's draws must be made here, on the host: llama.cpp's chain
+    /// with a sampler or an order the device's draw does not have.
+    pub fn needs_host(&self) -> bool {
+        let c = &self.config;
+        c.llama
+            .as_ref()
+            .is_some_and(|chain| chain.differs_from_vllm(c.temperature, c.top_p, c.min_p))
+    }
+
     /// Record a token that became part of the output (from whichever model).
     pub fn observe(&mut self, token: u32) {
+        if let Some(n) = self.dry_window() {
+            self.history.push_back(token);
+            if self.history.len() > n {
+                self.history.pop_front();
+            }
+        }
         let count = |s: &Self, t: u32| s.counts.get(&t).copied().unwrap_or(0);
         match self.config.penalty_last_n {
             None => self.set_count(token, count(self, token) + 1),
@@ -396,6 +445,9 @@ impl Sampler {
 
     /// The next token from `raw` after penalties, bias and temperature.
     fn choose(&mut self, raw: &[f32]) -> u32 {
+        if self.needs_host() {
+            return self.choose_llama(raw);
+        }
         // The same sparse entries a device draw applies, so both paths penalise alike.
         let adjust = self.adjustments();
         if adjust.is_empty() && self.config.temperature <= 0.0 {
@@ -412,6 +464,26 @@ impl Sampler {
         } else {
             self.sample_stochastic(&l)
         }
+    }
+
+    /// The next token through llama.cpp's chain (penalties and bias first, as there).
+    fn choose_llama(&mut self, raw: &[f32]) -> u32 {
+        let mut l = raw.to_vec();
+        for a in &self.adjust {
+            if let Some(x) = l.get_mut(a.id as usize) {
+                *x = a.apply(*x);
+            }
+        }
+        let Some(chain) = self.config.llama.as_ref() else {
+            return argmax(&l).0;
+        };
+        let dry = match chain.dry.as_ref() {
+            Some(d) if self.dry_window().is_some() => {
+                dry::penalties(d, &self.breakers, &self.history)
+            }
+            _ => HashMap::new(),
+        };
+        llama::draw(&l, &self.config, chain, &dry, &mut self.rng)
     }
 
     fn sample_stochastic(&mut self, l: &[f32]) -> u32 {

@@ -27,6 +27,7 @@ mod extract;
 mod fim;
 mod generation;
 mod line_limits;
+mod llama_samplers;
 mod llamacpp;
 mod metrics;
 mod native;

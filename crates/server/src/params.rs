@@ -367,7 +367,10 @@ fn sampling_params(f: &CommonFields) -> Result<SamplingParams, ApiError> {
         allowed_token_ids: f.allowed_token_ids.clone(),
         bad_words: Vec::new(),
         penalty_last_n: penalty_window(f.repeat_last_n)?,
+        llama: None,
     };
+    let mut sampling = sampling;
+    f.llama_samplers.apply(false, &mut sampling)?;
     let llama_spelling = f.repetition_penalty.is_none() && f.repeat_penalty.is_some();
     validated(sampling, llama_spelling)
 }

@@ -16,8 +16,9 @@ use tonic::transport::{Channel, Endpoint, Server};
 /// the prompt tokens a remote's prefix cache gave, which a v4 front would not understand,
 /// and `FlushCache`, which a v4 remote would not, and a request's `priority` and
 /// `cache_salt`, which it would ignore; v6: llama.cpp's penalty window, which a v5 remote
-/// would ignore, and penalties rebuilt from the tokens instead of sent counts).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// would ignore, and penalties rebuilt from the tokens instead of sent counts; v7:
+/// llama.cpp's sampler chain, which a v6 remote would ignore).
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Largest message either side decodes (a first contact carries the whole prompt).
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;

@@ -116,6 +116,24 @@ pub fn params(seeded: bool, i: usize) -> GenerateParams {
             seed: Some(100 + i as u64),
             ..Default::default()
         };
+        // Every third prompt through llama.cpp's chain, which travels with the request:
+        // DRY (its window rebuilt from the tokens) and XTC (its draws from the request's
+        // RNG, whose position travels). Dropping the chain on the wire fails this test.
+        if i % 3 == 2 {
+            p.sampling.llama = Some(tokenrouter_api::LlamaChain {
+                // The tiny models' rows are flat (~1/256 a token): a low threshold.
+                xtc_probability: 0.5,
+                xtc_threshold: 0.002,
+                dry: Some(tokenrouter_api::DryParams {
+                    multiplier: 2.0,
+                    base: 1.75,
+                    allowed_length: 2,
+                    penalty_last_n: None,
+                    sequence_breakers: vec!["\n".into(), ", ".into()],
+                }),
+                ..Default::default()
+            });
+        }
     }
     p
 }

@@ -9,9 +9,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokenrouter_api::{
     Backend, ChatMessage, GenerateRequest, GenerateStream, ModelInfo, ModelLoad, OutputConstraint,
-    RoutingOverrides, SubmitError, TextError, CONSTRAINT_PARAM,
+    RoutingOverrides, SamplingParams, SubmitError, TextError, CONSTRAINT_PARAM,
 };
 use tokenrouter_grammar::{Grammar, GrammarCompiler, GrammarError};
+use tokenrouter_runtime::sampling::DryBreakers;
 use tokenrouter_runtime::Sampler;
 
 impl Backend for Engine {
@@ -280,6 +281,11 @@ impl Engine {
             .map(|request| self.grammar_for(request))
             .collect::<Result<Vec<_>, _>>()?
             .into_iter();
+        let mut breakers = requests
+            .iter()
+            .map(|request| self.dry_breakers_for(&request.sampling))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter();
         let n = requests.len();
         let limit = self.inner.config.system.max_queued_requests;
         if let Err(active) = shared
@@ -321,7 +327,10 @@ impl Engine {
         let mut unsent_tokens = tokens;
         for (i, (request, max_tokens)) in requests.into_iter().zip(bounds).enumerate() {
             let len = request.prompt_ids.len();
-            let (req, stream) = self.build_req(request, max_tokens, text.eos_ids());
+            let (mut req, stream) = self.build_req(request, max_tokens, text.eos_ids());
+            if let Some(b) = breakers.next().flatten() {
+                req.sampler.set_dry_breakers(b);
+            }
             let req = req.with_constraint(grammars.next().flatten());
             self.inner.metrics.active.inc();
             if tx.send(ToExchange::Submit(Box::new(req))).is_err() {
@@ -360,6 +369,18 @@ impl Engine {
             }),
             Err(e) => Err(SubmitError::InvalidRequest(e.to_string())),
         }
+    }
+
+    /// DRY's sequence breakers for a request that runs DRY, in the served vocabulary.
+    fn dry_breakers_for(
+        &self,
+        sampling: &SamplingParams,
+    ) -> Result<Option<Arc<DryBreakers>>, SubmitError> {
+        let compiler = self.inner.grammar.get().map(Arc::as_ref);
+        self.inner
+            .dry
+            .for_sampling(sampling, compiler)
+            .map_err(|e| SubmitError::NotReady(format!("DRY sequence breakers: {e}")))
     }
 
     /// The token table of structured output, built once (the entry model's tokenizer: the

@@ -33,11 +33,18 @@ fn sampling_to_pb(s: &SamplingParams) -> pb::Sampling {
             .map(|ids| pb::TokenList { ids: ids.clone() })
             .collect(),
         penalty_last_n: s.penalty_last_n.map(|n| n.min(u32::MAX as usize) as u32),
+        llama_chain: s.llama.as_ref().and_then(|c| serde_json::to_string(c).ok()),
     }
 }
 
-fn sampling_from_pb(s: &pb::Sampling) -> SamplingParams {
-    SamplingParams {
+fn sampling_from_pb(s: &pb::Sampling) -> Result<SamplingParams, String> {
+    let llama = s
+        .llama_chain
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| format!("a malformed llama.cpp sampler chain: {e}"))?;
+    Ok(SamplingParams {
         temperature: s.temperature,
         top_p: s.top_p,
         top_k: s.top_k as usize,
@@ -55,7 +62,8 @@ fn sampling_from_pb(s: &pb::Sampling) -> SamplingParams {
             u32::MAX => usize::MAX,
             n => n as usize,
         }),
-    }
+        llama,
+    })
 }
 
 /// The hand-off of `req` to a remote whose copy holds `remote_len` positions (None: it has
@@ -118,6 +126,7 @@ pub(crate) fn mirror_from_first(h: &pb::Handoff, sink: EventSink) -> Result<Req,
         .sampling
         .as_ref()
         .map(sampling_from_pb)
+        .transpose()?
         .unwrap_or_default();
     let prompt = h.tokens[..p].to_vec();
     let rng = rng_pos_from(&h.rng_word_pos).map_err(|e| e.to_string())?;
@@ -226,6 +235,18 @@ mod tests {
         c.allowed_token_ids = Some(vec![11, 12, 13, 14, 15]);
         c.bad_words = vec![vec![12, 12], vec![7]];
         c.penalty_last_n = Some(4);
+        // llama.cpp's chain travels as it is (v7), DRY's breakers as text.
+        c.llama = Some(tokenrouter_api::LlamaChain {
+            xtc_probability: 0.25,
+            dry: Some(tokenrouter_api::DryParams {
+                multiplier: 0.8,
+                base: 1.75,
+                allowed_length: 2,
+                penalty_last_n: Some(32),
+                sequence_breakers: vec!["\n".into(), "*".into()],
+            }),
+            ..Default::default()
+        });
         let s = Sampler::new(c, 9, &p);
         (Req::new(3, p, s, 9, 100, vec![2], None, 0, tx), rx)
     }

@@ -59,6 +59,8 @@ pub(super) struct HostState {
     pub(super) kick: tokio::sync::watch::Sender<u64>,
     /// Structured output's token table (built in the background at start).
     pub(super) grammar: Arc<LazyCompiler>,
+    /// DRY's sequence breakers as token sequences, by the texts requests gave.
+    pub(super) dry: crate::dry_breakers::DryTables,
 }
 
 /// A running `tokenrouter subserver`.
@@ -129,6 +131,7 @@ pub fn start_subserver(
         front: Mutex::new(None),
         kick: tokio::sync::watch::channel(0).0,
         grammar,
+        dry: Default::default(),
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -149,8 +149,13 @@ impl HostSession {
         let _ = self.inbox.send(Inbound::Admit(req));
     }
 
-    /// A first contact's constraint compiled here and brought up to its output so far.
+    /// A first contact's constraint compiled here and brought up to its output so far,
+    /// and its DRY sequence breakers found in this vocabulary.
     fn constrained(&self, mut req: Req) -> Result<Req, String> {
+        let grammar = Some(self.state.grammar.as_ref());
+        if let Some(b) = self.state.dry.for_sampling(&req.sampler.config, grammar)? {
+            req.sampler.set_dry_breakers(b);
+        }
         if let Some(constraint) = &req.constraint {
             let compiler = self.state.grammar.get().map_err(|e| e.to_string())?;
             let grammar = compiler.compile(constraint).map_err(|e| e.to_string())?;

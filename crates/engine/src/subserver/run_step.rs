@@ -227,7 +227,8 @@ impl SubServer {
 
     /// Per running request, its draw on the device this step, or `None` where the host
     /// samples it: more top logprobs than the device reports, a token mask the device does
-    /// not take, or a failed constraint.
+    /// not take, a failed constraint, or llama.cpp's chain where it differs from the
+    /// device's order.
     fn device_draws(
         &mut self,
         allowed: &[Option<RowMask>],
@@ -239,6 +240,7 @@ impl SubServer {
             .map(|(r, allowed)| {
                 let host = r.top_logprobs > race::TOP_MAX
                     || r.fault.is_some()
+                    || r.sampler.needs_host()
                     || (allowed.is_some() && !device_masks);
                 (!host).then(|| DrawRow {
                     draw: r.sampler.device_draw(),

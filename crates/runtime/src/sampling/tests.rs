@@ -442,3 +442,59 @@ fn rewind_forgets_tokens_taken_back() {
         }
     }
 }
+
+/// llama.cpp's chain with DRY: the window holds the prompt's tail and every observed token
+/// once (a penalty window alongside does not fill it twice), `rewind` rebuilds it and keeps
+/// the breakers, and such a request is drawn on the host.
+#[test]
+fn dry_reads_prompt_and_output_and_follows_a_rewind() {
+    use tokenrouter_api::{DryParams, LlamaChain};
+    let chain = LlamaChain {
+        dry: Some(DryParams {
+            multiplier: 5.0,
+            base: 1.75,
+            allowed_length: 2,
+            penalty_last_n: None,
+            sequence_breakers: Vec::new(),
+        }),
+        ..LlamaChain::default()
+    };
+    let config = SamplingParams {
+        temperature: 0.0,
+        penalty_last_n: Some(64),
+        llama: Some(chain),
+        ..SamplingParams::default()
+    };
+    let row = |best: &[(usize, f32)]| {
+        let mut l = vec![0.0f32; 16];
+        for &(id, v) in best {
+            l[id] = v;
+        }
+        l
+    };
+    let five_best = row(&[(5, 3.0), (9, 2.0)]);
+    let nine_best = row(&[(9, 2.0), (3, 1.5)]);
+    let prompt = [5, 6, 7, 8, 9];
+    let mut s = Sampler::new(config, 1, &prompt);
+    assert!(s.needs_host());
+    // The prompt once: nothing repeats yet (twice, 5 would extend `5 6 7 8 9`).
+    assert_eq!(s.sample(&five_best, 16, 0).token, 5);
+    for t in [5, 6, 7, 8] {
+        s.observe(t);
+    }
+    // 9 would repeat five tokens: 5 * 1.75^2 off its logit.
+    assert_eq!(s.sample(&nine_best, 16, 0).token, 3);
+    s.set_dry_breakers(Arc::new(DryBreakers::from_sequences(&[vec![8]])));
+    // Token 8 now breaks sequences: nothing before it counts.
+    assert_eq!(s.sample(&nine_best, 16, 0).token, 9);
+    s.set_dry_breakers(Arc::default());
+    s.rewind(&prompt, &[5, 6]);
+    // `5 6` repeats: 7 would extend it, 9 not.
+    assert_eq!(s.sample(&nine_best, 16, 0).token, 9);
+    s.set_dry_breakers(Arc::new(DryBreakers::from_sequences(&[vec![6]])));
+    s.rewind(&prompt, &[5, 6, 7, 8]);
+    // The breakers survive the rewind: 6 cuts the repeat to `7 8`, 9 loses 5 * 1.75^0 only.
+    assert_eq!(s.sample(&nine_best, 16, 0).token, 3);
+    let plain = Sampler::new(SamplingParams::default(), 1, &prompt);
+    assert!(!plain.needs_host());
+}

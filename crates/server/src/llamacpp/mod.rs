@@ -6,10 +6,11 @@
 //! in llama.cpp's list form, `json_schema` or a GBNF `grammar`, the editor's line limits `n_indent` and
 //! `t_max_predict_ms` (`crate::line_limits`); `/infill` adds `input_prefix`,
 //! `input_suffix` and `input_extra` (see `crate::fim`). Parsed once into the server's [`GenerationPlan`].
-//! Keys llama.cpp accepts and we cannot honour (mirostat, DRY, XTC, typical-p, dynamic
-//! temperature, post-sampling probabilities) are refused by name when they
-//! would change the answer; bookkeeping keys (`cache_prompt`, `id_slot`, `samplers`, …)
-//! are accepted and ignored.
+//! llama.cpp's own samplers (DRY, XTC, typical-p, top-n-sigma, dynamic temperature) and its
+//! order (`samplers`; the temperature after the cuts) through `crate::llama_samplers`.
+//! Keys llama.cpp accepts and we cannot honour (mirostat, post-sampling probabilities) are
+//! refused by name when they would change the answer; bookkeeping keys (`cache_prompt`,
+//! `id_slot`, …) are accepted and ignored.
 
 pub mod answer;
 
@@ -21,6 +22,7 @@ use tokenrouter_api::{Backend, OutputConstraint, SamplingParams};
 
 use crate::error::ApiError;
 use crate::line_limits::LineLimits;
+use crate::llama_samplers::LlamaSamplerFields;
 use crate::params::GenerationPlan;
 use crate::state::{AppState, ModelChoice};
 use crate::stop::StopStrings;
@@ -43,11 +45,9 @@ pub struct Body {
     repeat_last_n: Option<i64>,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
-    typical_p: Option<f32>,
-    dynatemp_range: Option<f32>,
-    mirostat: Option<i64>,
-    dry_multiplier: Option<f32>,
-    xtc_probability: Option<f32>,
+    /// DRY, XTC, typical-p, top-n-sigma, dynamic temperature, `samplers` (the chain).
+    #[serde(flatten)]
+    samplers: LlamaSamplerFields,
     /// -1 (the default): a random seed.
     seed: Option<i64>,
     pub stop: Option<Vec<String>>,
@@ -191,7 +191,7 @@ impl Body {
         let penalty_last_n =
             crate::params::penalty_window(Some(self.repeat_last_n.unwrap_or(REPEAT_LAST_N)))?;
         let defaults = SamplingParams::default();
-        let sampling = SamplingParams {
+        let mut sampling = SamplingParams {
             // llama.cpp: a temperature at or below 0 picks greedily.
             temperature: self.temperature.unwrap_or(TEMPERATURE).max(0.0),
             top_k: usize::try_from(self.top_k.unwrap_or(TOP_K)).unwrap_or(0),
@@ -205,6 +205,7 @@ impl Body {
             penalty_last_n,
             ..defaults
         };
+        self.samplers.apply(true, &mut sampling)?;
         let sampling = crate::params::validated(sampling, true)?;
         let grammar = self.grammar.clone().filter(|g| !g.is_empty());
         let constraint = match (&self.json_schema, grammar) {
@@ -267,32 +268,13 @@ impl Body {
         })
     }
 
-    /// A 400 naming each sampler llama.cpp has and we lack, when it is switched on.
+    /// A 400 naming what llama.cpp has and we lack, when it is switched on (mirostat is
+    /// refused with the other samplers' keys, `crate::llama_samplers`).
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        let on = [
-            ("typical_p", self.typical_p.is_some_and(|p| p < 1.0)),
-            (
-                "dynatemp_range",
-                self.dynatemp_range.is_some_and(|r| r > 0.0),
-            ),
-            ("mirostat", self.mirostat.is_some_and(|m| m != 0)),
-            (
-                "dry_multiplier",
-                self.dry_multiplier.is_some_and(|m| m > 0.0),
-            ),
-            (
-                "xtc_probability",
-                self.xtc_probability.is_some_and(|p| p > 0.0),
-            ),
-            (
-                "post_sampling_probs",
-                self.post_sampling_probs == Some(true),
-            ),
-        ];
-        if let Some((field, _)) = on.iter().find(|(_, on)| *on) {
+        if self.post_sampling_probs == Some(true) {
             return Err(ApiError::invalid(
-                *field,
-                format!("`{field}` is not supported: leave it at its default"),
+                "post_sampling_probs",
+                "`post_sampling_probs` is not supported: leave it at its default",
             ));
         }
         Ok(())

@@ -27,6 +27,10 @@ pub struct CommonFields {
     pub repeat_last_n: Option<i64>,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
+    /// llama.cpp's samplers and chain order (DRY, XTC, typical-p, …; see
+    /// `crate::llama_samplers`): given, the request samples through llama.cpp's chain.
+    #[serde(flatten)]
+    pub llama_samplers: crate::llama_samplers::LlamaSamplerFields,
     /// Token id (as a decimal string, OpenAI's shape) → bias added to the logit.
     pub logit_bias: Option<BTreeMap<String, f64>>,
     pub seed: Option<i64>,

@@ -245,7 +245,7 @@ async fn run(
 /// `generation_settings`: the sampling the answer was written under.
 fn settings(plan: &GenerationPlan, body: &Body) -> Value {
     let s = &plan.sampling;
-    json!({
+    let mut settings = json!({
         "n_predict": plan.max_tokens.map_or(-1, |n| n as i64),
         "seed": s.seed.map_or(-1, |seed| seed as i64),
         "temperature": s.temperature,
@@ -265,5 +265,9 @@ fn settings(plan: &GenerationPlan, body: &Body) -> Value {
         "n_probs": plan.logprobs.unwrap_or(0),
         "stream": plan.stream,
         "logit_bias": s.logit_bias.iter().map(|&(id, b)| json!([id, b])).collect::<Vec<_>>(),
-    })
+    });
+    if let Value::Object(map) = &mut settings {
+        map.extend(crate::llama_samplers::settings(s.llama.as_ref()));
+    }
+    settings
 }

@@ -336,15 +336,31 @@ async fn props_tell_the_context_default_sampling_and_model() {
 }
 
 #[tokio::test]
-async fn samplers_we_lack_and_bad_values_are_refused_by_name() {
+async fn mirostat_and_bad_values_are_refused_by_name() {
     let m = mock();
     for (body, param) in [
         (json!({"prompt": "a", "mirostat": 2}), "mirostat"),
         (
-            json!({"prompt": "a", "dry_multiplier": 0.8}),
+            json!({"prompt": "a", "dry_multiplier": -0.8}),
             "dry_multiplier",
         ),
-        (json!({"prompt": "a", "typical_p": 0.5}), "typical_p"),
+        (
+            json!({"prompt": "a", "xtc_probability": 2}),
+            "xtc_probability",
+        ),
+        (json!({"prompt": "a", "samplers": 5}), "samplers"),
+        (
+            json!({"prompt": "a", "dry_multiplier": 1, "dry_penalty_last_n": -2}),
+            "dry_penalty_last_n",
+        ),
+        (
+            json!({"prompt": "a", "dry_multiplier": 1, "dry_sequence_breakers": [""]}),
+            "dry_sequence_breakers",
+        ),
+        (
+            json!({"prompt": "a", "post_sampling_probs": true}),
+            "post_sampling_probs",
+        ),
         (
             json!({"prompt": "a", "grammar": "root ::= \"a\"", "json_schema": {}}),
             "grammar",
@@ -524,4 +540,106 @@ async fn n_indent_and_t_max_predict_ms_end_an_infill_at_a_line() {
     let body = json!({"prompt": "x", "n_indent": 4});
     let (_, out) = post_json(app(&m), "/v1/completions", body).await;
     assert_eq!(out["choices"][0]["text"], "a = 1\n    b = 2\nc = 3\n");
+}
+
+/// llama.cpp's samplers reach the engine as its chain: on `/completion` always (its order,
+/// its defaults shown in `generation_settings`), on the OpenAI endpoints when a request
+/// sends one of their keys; `samplers` sets the order and switches off what it leaves out.
+#[tokio::test]
+async fn llama_cpp_samplers_reach_the_engine_as_its_chain() {
+    use tokenrouter_api::{LlamaChain, LlamaStage};
+    let m = mock();
+    let (status, out) = post_json(app(&m), "/completion", json!({"prompt": "a"})).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let sent = m.log().submitted[0].clone();
+    assert_eq!(sent.sampling.llama, Some(LlamaChain::default()));
+    let settings = &out["generation_settings"];
+    assert_eq!(settings["dry_multiplier"], 0.0);
+    assert_eq!(
+        settings["dry_sequence_breakers"],
+        json!(["\n", ":", "\"", "*"])
+    );
+    assert_eq!(
+        settings["samplers"],
+        json!([
+            "penalties",
+            "dry",
+            "top_n_sigma",
+            "top_k",
+            "typ_p",
+            "top_p",
+            "min_p",
+            "xtc",
+            "temperature"
+        ])
+    );
+
+    let body = json!({"prompt": "a", "dry_multiplier": 0.8, "dry_sequence_breakers": ["\n"],
+        "xtc_probability": 0.5, "xtc_threshold": 0.2, "typical_p": 0.9, "top_n_sigma": 1.5,
+        "dynatemp_range": 0.3, "samplers": ["dry", "top_k", "xtc", "temperature"]});
+    let (status, out) = post_json(app(&m), "/completion", body).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let sent = m.log().submitted.last().cloned().unwrap();
+    let chain = sent.sampling.llama.clone().unwrap();
+    assert_eq!(
+        chain.order,
+        [
+            LlamaStage::Dry,
+            LlamaStage::TopK,
+            LlamaStage::Xtc,
+            LlamaStage::Temperature
+        ]
+    );
+    assert_eq!((chain.xtc_probability, chain.xtc_threshold), (0.5, 0.2));
+    assert_eq!(
+        (chain.typical_p, chain.top_n_sigma, chain.dynatemp_range),
+        (0.9, 1.5, 0.3)
+    );
+    let dry = chain.dry.unwrap();
+    assert_eq!(
+        (dry.multiplier, dry.sequence_breakers.as_slice()),
+        (0.8, &["\n".to_string()][..])
+    );
+    // Top-p, min-p and the penalties were left out of `samplers`: off.
+    assert_eq!(
+        (
+            sent.sampling.top_p,
+            sent.sampling.min_p,
+            sent.sampling.top_k
+        ),
+        (1.0, 0.0, 40)
+    );
+    assert_eq!(
+        out["generation_settings"]["samplers"],
+        json!(["penalties", "dry", "top_k", "xtc", "temperature"])
+    );
+
+    // OpenAI endpoints: vLLM's order unless a llama.cpp key is sent.
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let (status, _) = post_json(app(&m), "/v1/chat/completions", chat(json!({}))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(m.log().submitted.last().unwrap().sampling.llama, None);
+    let (status, out) = post_json(
+        app(&m),
+        "/v1/chat/completions",
+        chat(json!({"dry_multiplier": 0.8})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let sent = m.log().submitted.last().cloned().unwrap();
+    assert_eq!(sent.sampling.llama.unwrap().dry.unwrap().multiplier, 0.8);
+    let (status, out) = post_json(
+        app(&m),
+        "/v1/completions",
+        json!({"prompt": "a", "mirostat": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+    assert_eq!(error_of(&out)["param"], "mirostat");
 }
