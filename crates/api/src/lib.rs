@@ -62,6 +62,11 @@ pub struct SamplingParams {
     /// for it; `None`: vLLM's order (temperature, then top-k, min-p, top-p).
     #[serde(default)]
     pub llama: Option<LlamaChain>,
+    /// llama.cpp's `ignore_eos`: the ids that end generation are never drawn (llama.cpp
+    /// biases them by -inf; vLLM's `ignore_eos` only keeps them from stopping the answer).
+    /// The engine bans them as one-id `bad_words`.
+    #[serde(default)]
+    pub ban_eos: bool,
 }
 
 impl Default for SamplingParams {
@@ -81,6 +86,7 @@ impl Default for SamplingParams {
             bad_words: Vec::new(),
             penalty_last_n: None,
             llama: None,
+            ban_eos: false,
         }
     }
 }

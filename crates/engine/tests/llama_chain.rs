@@ -113,3 +113,26 @@ async fn every_llama_cpp_sampler_runs_and_breakers_resolve() {
         assert_eq!(answer(&e, req).await.0, ids);
     }
 }
+
+/// llama.cpp's `ignore_eos` (`ban_eos`): an end-of-generation id the bias pushes to the top
+/// is never drawn, by either model; with vLLM's `ignore_eos` alone it is drawn and the answer
+/// goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_cpp_ignore_eos_never_draws_an_end_id() {
+    let (_pair, e) = routed_pair();
+    let eos = tokenrouter_runtime::synth::eos_id();
+    let pushed = |ban_eos: bool| GenerateRequest {
+        sampling: SamplingParams {
+            temperature: 0.0,
+            logit_bias: vec![(eos, 50.0)],
+            ban_eos,
+            ..SamplingParams::default()
+        },
+        ..greedy_request(prompt(9, 2), 16)
+    };
+    let (ids, _) = answer(&e, pushed(false)).await;
+    assert!(ids.contains(&eos), "{ids:?}");
+    let (ids, sources) = answer(&e, pushed(true)).await;
+    assert!(!ids.contains(&eos), "{ids:?}");
+    assert!(sources.contains(&0) && sources.contains(&1), "{sources:?}");
+}

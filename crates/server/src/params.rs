@@ -368,6 +368,7 @@ fn sampling_params(f: &CommonFields) -> Result<SamplingParams, ApiError> {
         bad_words: Vec::new(),
         penalty_last_n: penalty_window(f.repeat_last_n)?,
         llama: None,
+        ban_eos: false,
     };
     let mut sampling = sampling;
     f.llama_samplers.apply(false, &mut sampling)?;

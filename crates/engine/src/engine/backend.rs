@@ -401,9 +401,14 @@ impl Engine {
         eos_ids: &[u32],
     ) -> (Req, GenerateStream) {
         let rid = self.inner.next_rid.fetch_add(1, Ordering::SeqCst);
-        let s = &request.sampling;
+        let mut s = request.sampling.clone();
+        if s.ban_eos && request.ignore_eos {
+            // llama.cpp's ignore_eos: the ids that would end the answer are never drawn.
+            s.bad_words.extend(eos_ids.iter().map(|&id| vec![id]));
+            s.ban_eos = false;
+        }
         let seed = s.seed.unwrap_or_else(rand::random);
-        let sampler = Sampler::new(s.clone(), seed, &request.prompt_ids);
+        let sampler = Sampler::new(s, seed, &request.prompt_ids);
         let mut stop_ids = request.stop_token_ids.clone();
         if !request.ignore_eos {
             stop_ids.extend_from_slice(eos_ids);

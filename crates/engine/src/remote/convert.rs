@@ -63,6 +63,8 @@ fn sampling_from_pb(s: &pb::Sampling) -> Result<SamplingParams, String> {
             n => n as usize,
         }),
         llama,
+        // Already turned into `bad_words` by the front end's engine.
+        ban_eos: false,
     })
 }
 

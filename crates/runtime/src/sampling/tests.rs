@@ -498,3 +498,89 @@ fn dry_reads_prompt_and_output_and_follows_a_rewind() {
     let plain = Sampler::new(SamplingParams::default(), 1, &prompt);
     assert!(!plain.needs_host());
 }
+
+/// What llama.cpp's chain costs a token on a Qwen-sized row (152k logits) against vLLM's
+/// order, printed: `cargo test --release -p tokenrouter-runtime chain_speed -- --ignored
+/// --nocapture`.
+#[test]
+#[ignore]
+fn chain_speed() {
+    use tokenrouter_api::{DryParams, LlamaChain};
+    let vocab = 151_936;
+    let row: Vec<f32> = (0..vocab)
+        .map(|i| ((i as u64 * 2_654_435_761) % 10_007) as f32 / 700.0)
+        .collect();
+    let history: Vec<u32> = (0..2048).map(|i| (i * 37 % 500) as u32).collect();
+    let llama = |chain: LlamaChain| Some(chain);
+    let dry = LlamaChain {
+        dry: Some(DryParams {
+            multiplier: 0.8,
+            base: 1.75,
+            allowed_length: 2,
+            penalty_last_n: None,
+            sequence_breakers: Vec::new(),
+        }),
+        ..LlamaChain::default()
+    };
+    let xtc = LlamaChain {
+        xtc_probability: 0.5,
+        xtc_threshold: 0.1,
+        ..LlamaChain::default()
+    };
+    let defaults = SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        ..SamplingParams::default()
+    };
+    let cases = [
+        ("vLLM order, llama.cpp's values", defaults.clone()),
+        (
+            "llama.cpp chain, its defaults",
+            SamplingParams {
+                llama: llama(LlamaChain::default()),
+                ..defaults.clone()
+            },
+        ),
+        (
+            "chain + DRY, 2k-token window",
+            SamplingParams {
+                llama: llama(dry),
+                ..defaults.clone()
+            },
+        ),
+        (
+            "chain + XTC",
+            SamplingParams {
+                llama: llama(xtc),
+                ..defaults.clone()
+            },
+        ),
+        (
+            "vLLM order, top-k off, top-p 0.95",
+            SamplingParams {
+                top_k: 0,
+                ..defaults.clone()
+            },
+        ),
+        (
+            "chain, top-k off, top-p 0.95",
+            SamplingParams {
+                top_k: 0,
+                llama: llama(LlamaChain::default()),
+                ..defaults.clone()
+            },
+        ),
+    ];
+    for (what, config) in cases {
+        let mut s = Sampler::new(config, 1, &history);
+        let reps = 50;
+        let t0 = std::time::Instant::now();
+        for _ in 0..reps {
+            std::hint::black_box(s.sample(&row, vocab, 0));
+        }
+        let us = t0.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        println!("{what:40} {us:8.0} us a token");
+    }
+}

@@ -203,6 +203,8 @@ impl Body {
             logit_bias: logit_bias(self.logit_bias.as_ref(), backend)?,
             seed: self.seed.and_then(|s| u64::try_from(s).ok()),
             penalty_last_n,
+            // llama.cpp's ignore_eos bans the end-of-generation ids, not just the stop.
+            ban_eos: self.ignore_eos.unwrap_or(false),
             ..defaults
         };
         self.samplers.apply(true, &mut sampling)?;

@@ -634,6 +634,23 @@ async fn llama_cpp_samplers_reach_the_engine_as_its_chain() {
     assert_eq!(status, StatusCode::OK, "{out}");
     let sent = m.log().submitted.last().cloned().unwrap();
     assert_eq!(sent.sampling.llama.unwrap().dry.unwrap().multiplier, 0.8);
+    // llama.cpp's ignore_eos bans the end ids; vLLM's (the OpenAI endpoints) does not.
+    let (status, _) = post_json(
+        app(&m),
+        "/completion",
+        json!({"prompt": "a", "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(m.log().submitted.last().unwrap().sampling.ban_eos);
+    let (status, _) = post_json(
+        app(&m),
+        "/v1/completions",
+        json!({"prompt": "a", "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!m.log().submitted.last().unwrap().sampling.ban_eos);
     let (status, out) = post_json(
         app(&m),
         "/v1/completions",
