@@ -483,7 +483,7 @@ impl Sampler {
             }
             _ => HashMap::new(),
         };
-        llama::draw(&l, &self.config, chain, &dry, &mut self.rng)
+        llama::draw(l, &self.config, chain, &dry, &mut self.rng)
     }
 
     fn sample_stochastic(&mut self, l: &[f32]) -> u32 {
