@@ -1,35 +1,13 @@
 //! llama.cpp's sampler chain on the tiny pair, through the real engine: DRY holds
 //! whichever model writes a position (the sampler's window follows the request from model
 //! to model), greedy and sampled; XTC and the other samplers run to the end; sequence
-//! breakers given as text are found in the served vocabulary.
+//! breakers given as text resolve in the served vocabulary; llama.cpp's `ignore_eos` never
+//! draws an end id.
 
 mod common;
 
 use common::*;
-use tokenrouter_api::{
-    Backend, DryParams, FinishReason, GenerateEvent, GenerateRequest, LlamaChain, SamplingParams,
-};
-use tokenrouter_engine::Engine;
-
-async fn answer(e: &Engine, req: GenerateRequest) -> (Vec<u32>, Vec<usize>) {
-    let mut s = e.submit(req).unwrap();
-    let (mut ids, mut sources) = (Vec::new(), Vec::new());
-    loop {
-        match s.events.recv().await.expect("the request ends") {
-            GenerateEvent::Token(t) => {
-                ids.push(t.id);
-                sources.push(t.source);
-            }
-            GenerateEvent::Finished { reason } => {
-                assert_eq!(reason, FinishReason::Length);
-                return (ids, sources);
-            }
-            GenerateEvent::PromptCached(_) => {}
-            GenerateEvent::Error(m) => panic!("request failed: {m}"),
-            GenerateEvent::Prompt(_) => panic!("prompt scores were not asked for"),
-        }
-    }
-}
+use tokenrouter_api::{DryParams, GenerateRequest, LlamaChain, SamplingParams};
 
 /// Output positions whose token made a three-token sequence the context already held.
 fn repeats(prompt: &[u32], output: &[u32]) -> usize {
@@ -68,11 +46,11 @@ async fn dry_holds_whichever_model_writes() {
                 },
                 ..greedy_request(p.clone(), 40)
             };
-            let (ids, _) = answer(&e, plain.clone()).await;
+            let (ids, _) = run(&e, plain.clone()).await;
             without += repeats(&p, &ids);
             let mut with_dry = plain;
             with_dry.sampling.llama = Some(dry(100.0, &[]));
-            let (ids, sources) = answer(&e, with_dry).await;
+            let (ids, sources) = run(&e, with_dry).await;
             assert_eq!(repeats(&p, &ids), 0, "salt {salt} t {temperature}: {ids:?}");
             both_models += usize::from(sources.contains(&0) && sources.contains(&1));
         }
@@ -107,10 +85,10 @@ async fn every_llama_cpp_sampler_runs_and_breakers_resolve() {
             },
             ..greedy_request(prompt(9, 1), 24)
         };
-        let (ids, _) = answer(&e, req.clone()).await;
+        let (ids, _) = run(&e, req.clone()).await;
         assert_eq!(ids.len(), 24);
         // A seeded request draws the same tokens again.
-        assert_eq!(answer(&e, req).await.0, ids);
+        assert_eq!(run(&e, req).await.0, ids);
     }
 }
 
@@ -130,9 +108,9 @@ async fn llama_cpp_ignore_eos_never_draws_an_end_id() {
         },
         ..greedy_request(prompt(9, 2), 16)
     };
-    let (ids, _) = answer(&e, pushed(false)).await;
+    let (ids, _) = run(&e, pushed(false)).await;
     assert!(ids.contains(&eos), "{ids:?}");
-    let (ids, sources) = answer(&e, pushed(true)).await;
+    let (ids, sources) = run(&e, pushed(true)).await;
     assert!(!ids.contains(&eos), "{ids:?}");
     assert!(sources.contains(&0) && sources.contains(&1), "{sources:?}");
 }

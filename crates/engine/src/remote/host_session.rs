@@ -105,7 +105,7 @@ impl HostSession {
             }
             // Whatever KV an earlier copy left must not be extended by this one.
             let _ = self.inbox.send(Inbound::Free(h.rid));
-            match mirror_from_first(&h, sink()).and_then(|r| self.constrained(r)) {
+            match mirror_from_first(&h, sink()).and_then(|r| self.in_this_vocabulary(r)) {
                 Ok(r) => {
                     self.shared.active.fetch_add(1, Ordering::SeqCst);
                     self.shared
@@ -151,7 +151,7 @@ impl HostSession {
 
     /// A first contact's constraint compiled here and brought up to its output so far,
     /// and its DRY sequence breakers found in this vocabulary.
-    fn constrained(&self, mut req: Req) -> Result<Req, String> {
+    fn in_this_vocabulary(&self, mut req: Req) -> Result<Req, String> {
         let grammar = Some(self.state.grammar.as_ref());
         if let Some(b) = self.state.dry.for_sampling(&req.sampler.config, grammar)? {
             req.sampler.set_dry_breakers(b);
