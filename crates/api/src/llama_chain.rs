@@ -97,6 +97,11 @@ impl DryParams {
     /// of the vocabulary).
     pub const MAX_BREAKERS: usize = 64;
 
+    /// llama.cpp's default breakers as the owned list a request carries.
+    pub fn default_breakers() -> Vec<String> {
+        Self::BREAKERS.iter().map(|s| s.to_string()).collect()
+    }
+
     /// Whether the penalty can change a logit (llama.cpp's own switches).
     pub fn is_active(&self) -> bool {
         self.multiplier > 0.0 && self.base >= 1.0 && self.penalty_last_n != Some(0)

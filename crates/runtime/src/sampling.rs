@@ -453,12 +453,7 @@ impl Sampler {
         if adjust.is_empty() && self.config.temperature <= 0.0 {
             return argmax(raw).0;
         }
-        let mut l = raw.to_vec();
-        for a in adjust {
-            if let Some(x) = l.get_mut(a.id as usize) {
-                *x = a.apply(*x);
-            }
-        }
+        let l = self.adjusted(raw);
         if self.config.temperature <= 0.0 {
             argmax(&l).0
         } else {
@@ -466,14 +461,21 @@ impl Sampler {
         }
     }
 
-    /// The next token through llama.cpp's chain (penalties and bias first, as there).
-    fn choose_llama(&mut self, raw: &[f32]) -> u32 {
+    /// `raw` with the penalties and bias in force (the sparse entries a device draw applies
+    /// too, so both paths penalise alike).
+    fn adjusted(&self, raw: &[f32]) -> Vec<f32> {
         let mut l = raw.to_vec();
         for a in &self.adjust {
             if let Some(x) = l.get_mut(a.id as usize) {
                 *x = a.apply(*x);
             }
         }
+        l
+    }
+
+    /// The next token through llama.cpp's chain (penalties and bias first, as there).
+    fn choose_llama(&mut self, raw: &[f32]) -> u32 {
+        let l = self.adjusted(raw);
         let Some(chain) = self.config.llama.as_ref() else {
             return argmax(&l).0;
         };

@@ -107,9 +107,10 @@ impl LlamaSamplerFields {
                         DryParams::ALLOWED_LENGTH,
                     )?,
                     penalty_last_n: window(self.dry_penalty_last_n)?,
-                    sequence_breakers: self.dry_sequence_breakers.clone().unwrap_or_else(|| {
-                        DryParams::BREAKERS.iter().map(|s| s.to_string()).collect()
-                    }),
+                    sequence_breakers: self
+                        .dry_sequence_breakers
+                        .clone()
+                        .unwrap_or_else(DryParams::default_breakers),
                 })
             })
             .transpose()?;
@@ -140,7 +141,7 @@ pub fn settings(chain: Option<&LlamaChain>) -> serde_json::Map<String, Value> {
         base: DryParams::BASE,
         allowed_length: DryParams::ALLOWED_LENGTH,
         penalty_last_n: None,
-        sequence_breakers: DryParams::BREAKERS.iter().map(|s| s.to_string()).collect(),
+        sequence_breakers: DryParams::default_breakers(),
     });
     let names: Vec<&str> = std::iter::once("penalties")
         .chain(c.order.iter().map(|s| match s {

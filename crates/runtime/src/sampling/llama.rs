@@ -10,6 +10,11 @@ use rand::Rng;
 use rand_chacha::ChaCha12Rng;
 use tokenrouter_api::{LlamaChain, LlamaStage, SamplingParams};
 
+/// Descending by logit, ties by id (llama.cpp sorts by logit alone).
+fn by_logit(a: &Cand, b: &Cand) -> std::cmp::Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Cand {
     id: u32,
@@ -26,8 +31,7 @@ impl Cands {
     /// Descending by logit, ties by id (llama.cpp sorts by logit alone).
     fn sort(&mut self) {
         if !self.sorted {
-            self.list
-                .sort_by(|a, b| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id)));
+            self.list.sort_by(by_logit);
             self.sorted = true;
         }
     }
@@ -65,7 +69,6 @@ impl Cands {
         if k == 0 || k >= self.list.len() {
             return;
         }
-        let by_logit = |a: &Cand, b: &Cand| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id));
         self.list.select_nth_unstable_by(k - 1, by_logit);
         self.list.truncate(k);
         self.sorted = false;
@@ -96,7 +99,6 @@ impl Cands {
     /// until a prefix holds `p` of the whole mass (sorting 152k logits cost ~8 ms a token).
     /// False (nothing changed but the order) when no prefix short of the row does.
     fn top_p_from_prefix(&mut self, p: f32) -> bool {
-        let by_logit = |a: &Cand, b: &Cand| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id));
         let max = self.max_logit();
         let weight = |c: &Cand| ((c.logit - max) as f64).exp();
         let total: f64 = self.list.iter().map(weight).sum();
@@ -123,8 +125,8 @@ impl Cands {
         if p <= 0.0 {
             return;
         }
-        let floor = self.max_logit() + p.ln();
         let max = self.max_logit();
+        let floor = max + p.ln();
         self.list.retain(|c| c.logit >= floor || c.logit == max);
     }
 
@@ -185,8 +187,8 @@ impl Cands {
             .map(|c| (c.logit as f64 - mean).powi(2))
             .sum::<f64>()
             / len;
-        let floor = self.max_logit() as f64 - n as f64 * var.sqrt();
         let max = self.max_logit();
+        let floor = max as f64 - n as f64 * var.sqrt();
         self.list
             .retain(|c| c.logit as f64 >= floor || c.logit == max);
     }
