@@ -12,6 +12,7 @@ type Switch<T> = (&'static str, fn(&mut KernelOptions) -> &mut T);
 /// The boolean switches.
 const FLAGS: &[Switch<bool>] = &[
     ("TOKENROUTER_CPU_FUSE", |k| &mut k.cpu_fuse),
+    ("TOKENROUTER_CPU_HUGE_PAGES", |k| &mut k.cpu_huge_pages),
     ("TOKENROUTER_FUSED_KERNELS", |k| &mut k.fused_kernels),
     ("TOKENROUTER_CUDA_GRAPHS", |k| &mut k.cuda_graphs),
     ("TOKENROUTER_GEMV", |k| &mut k.gemv),
@@ -103,6 +104,15 @@ mod tests {
         assert!(k.attention_tiles && !k.gemv);
         let k = with(&[("TOKENROUTER_CPU_QK", "scalar")]).unwrap();
         assert_eq!(k.cpu_qk, CpuKernel::Scalar);
+        let k = with(&[("TOKENROUTER_CPU_HUGE_PAGES", "no")]).unwrap();
+        assert_eq!(
+            k.cpu_weight_memory(),
+            tokenrouter_runtime::WeightMemory::Heap
+        );
+        assert_eq!(
+            KernelOptions::default().cpu_weight_memory(),
+            tokenrouter_runtime::WeightMemory::HugePages
+        );
         assert_eq!(with(&[]).unwrap(), KernelOptions::default());
         let e = with(&[("TOKENROUTER_CUDA_GRAPHS", "nope")])
             .unwrap_err()

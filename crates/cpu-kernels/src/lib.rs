@@ -24,11 +24,13 @@ pub mod q4_k;
 pub mod q6_k;
 #[cfg(test)]
 mod test_util;
+mod weight_memory;
 
 pub use choice::CpuKernel;
 pub use q0::Q0Matmul;
 pub use q4_k::Q4kMatmul;
 pub use q6_k::Q6kMatmul;
+pub use weight_memory::WeightMemory;
 
 /// One of our CPU kernels for a quantized weight.
 #[derive(Clone, Debug)]
@@ -40,15 +42,16 @@ pub enum CpuMatmul {
 
 impl CpuMatmul {
     /// Takes over `w` when one of our kernels handles its type on this CPU (and the
-    /// choices for Q5_0/Q8_0 (`q5`) and Q4_K/Q6_K (`qk`) weights leave it on).
-    pub fn new(w: &QMatMul, q5: CpuKernel, qk: CpuKernel) -> Option<Self> {
-        if let Some(q) = Q0Matmul::new(w, q5) {
+    /// choices for Q5_0/Q8_0 (`q5`) and Q4_K/Q6_K (`qk`) weights leave it on), holding its
+    /// own copy in `memory`.
+    pub fn new(w: &QMatMul, q5: CpuKernel, qk: CpuKernel, memory: WeightMemory) -> Option<Self> {
+        if let Some(q) = Q0Matmul::new(w, q5, memory) {
             return Some(Self::Q0(q));
         }
-        if let Some(q) = Q4kMatmul::new(w, qk) {
+        if let Some(q) = Q4kMatmul::new(w, qk, memory) {
             return Some(Self::Q4K(q));
         }
-        Q6kMatmul::new(w, qk).map(Self::Q6K)
+        Q6kMatmul::new(w, qk, memory).map(Self::Q6K)
     }
 
     /// One matmul for several weights that multiply the same input, their rows stacked
@@ -78,6 +81,16 @@ impl CpuMatmul {
                 let qs = all(parts, |p| if let Self::Q6K(q) = p { Some(q) } else { None })?;
                 Q6kMatmul::fuse(&qs).map(Self::Q6K)
             }
+        }
+    }
+
+    /// Whether the weight sits in its own huge-page mapping.
+    #[cfg(test)]
+    fn weight_is_mapped(&self) -> bool {
+        match self {
+            Self::Q0(q) => q.weight_is_mapped(),
+            Self::Q4K(q) => q.weight_is_mapped(),
+            Self::Q6K(q) => q.weight_is_mapped(),
         }
     }
 
@@ -134,31 +147,6 @@ fn cpu_matrix(
         return None;
     }
     Some((t, n, k))
-}
-
-/// The rows of `parts` (quantised CPU matrices of one dtype and width) stacked into one
-/// matrix; `None` when they differ or cannot be read.
-fn stack_rows(parts: &[&Arc<QTensor>]) -> Option<QMatMul> {
-    let first = parts.first()?;
-    let (_, k) = first.shape().dims2().ok()?;
-    let mut n = 0;
-    let mut bytes = Vec::new();
-    for p in parts {
-        let (pn, pk) = p.shape().dims2().ok()?;
-        if pk != k || p.dtype() != first.dtype() || !p.device().is_cpu() {
-            return None;
-        }
-        n += pn;
-        bytes.extend_from_slice(&p.data().ok()?);
-    }
-    let t = candle_core::quantized::ggml_file::qtensor_from_ggml(
-        first.dtype(),
-        &bytes,
-        vec![n, k],
-        &candle_core::Device::Cpu,
-    )
-    .ok()?;
-    QMatMul::from_arc(Arc::new(t)).ok()
 }
 
 /// The contiguous f32 input of a matmul op `[.., k]` and its output shape `[.., n]`.
@@ -351,6 +339,7 @@ mod bands_tests {
 mod fuse_tests {
     use super::{CpuKernel, CpuMatmul};
     use crate::test_util::{quantized, values};
+    use crate::WeightMemory;
     use candle_core::quantized::GgmlDType;
     use candle_core::{Device, Tensor};
 
@@ -378,7 +367,12 @@ mod fuse_tests {
                     .iter()
                     .enumerate()
                     .filter_map(|(i, &n)| {
-                        CpuMatmul::new(&quantized(n, k, 7 + i as u64, dtype), choice, choice)
+                        CpuMatmul::new(
+                            &quantized(n, k, 7 + i as u64, dtype),
+                            choice,
+                            choice,
+                            WeightMemory::default(),
+                        )
                     })
                     .collect();
                 if parts.len() < ns.len() {
@@ -411,24 +405,64 @@ mod fuse_tests {
         }
     }
 
+    /// Weights of 2 MiB and more get their own huge-page mapping and multiply exactly as
+    /// their copies on the heap, each type, alone and stacked (the stacked copy mapped too).
+    #[test]
+    fn weights_on_huge_pages_multiply_as_on_the_heap() {
+        let (n, k) = (4096, 1024);
+        for dtype in [
+            GgmlDType::Q5_0,
+            GgmlDType::Q8_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
+            let w = quantized(n, k, 5, dtype);
+            let new = |memory| CpuMatmul::new(&w, CpuKernel::Auto, CpuKernel::Auto, memory);
+            let (Some(huge), Some(heap)) = (new(WeightMemory::HugePages), new(WeightMemory::Heap))
+            else {
+                continue; // no kernel of ours for this type on this CPU
+            };
+            assert!(
+                huge.weight_is_mapped() && !heap.weight_is_mapped(),
+                "{dtype:?}"
+            );
+            let stacked = CpuMatmul::fuse(&[&huge, &huge]).unwrap();
+            assert!(stacked.weight_is_mapped(), "{dtype:?}");
+            for m in [1, 3] {
+                let x = Tensor::from_vec(values(m * k, 4), (m, k), &Device::Cpu).unwrap();
+                let want = flat(heap.forward(&x, None).unwrap());
+                assert_eq!(flat(huge.forward(&x, None).unwrap()), want, "{dtype:?}");
+                let both = flat(stacked.forward(&x, None).unwrap());
+                for r in 0..m {
+                    let row = &want[r * n..(r + 1) * n];
+                    assert_eq!(&both[2 * r * n..(2 * r + 1) * n], row, "{dtype:?}");
+                    assert_eq!(&both[(2 * r + 1) * n..(2 * r + 2) * n], row, "{dtype:?}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn parts_of_different_types_or_widths_do_not_fuse() {
         let q4 = CpuMatmul::new(
             &quantized(16, 256, 1, GgmlDType::Q4K),
             CpuKernel::Scalar,
             CpuKernel::Scalar,
+            WeightMemory::default(),
         )
         .unwrap();
         let q6 = CpuMatmul::new(
             &quantized(16, 256, 2, GgmlDType::Q6K),
             CpuKernel::Scalar,
             CpuKernel::Scalar,
+            WeightMemory::default(),
         )
         .unwrap();
         let wide = CpuMatmul::new(
             &quantized(16, 512, 3, GgmlDType::Q4K),
             CpuKernel::Scalar,
             CpuKernel::Scalar,
+            WeightMemory::default(),
         )
         .unwrap();
         assert!(CpuMatmul::fuse(&[&q4, &q6]).is_none());

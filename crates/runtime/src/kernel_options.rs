@@ -10,7 +10,7 @@
 
 use serde::Deserialize;
 use std::cell::Cell;
-pub use tokenrouter_cpu_kernels::CpuKernel;
+pub use tokenrouter_cpu_kernels::{CpuKernel, WeightMemory};
 
 /// The kernel switches of one model. Every default is the fast path; the switches exist to
 /// compare against it.
@@ -25,6 +25,9 @@ pub struct KernelOptions {
     /// default: three alternating rounds had prefill 4-8% slower with it, decode and
     /// batches mixed; docs/benchmarks.md, session 27).
     pub cpu_fuse: bool,
+    /// Our CPU kernels' weights of 2 MiB and more on transparent huge pages (off: the heap;
+    /// see `tokenrouter_cpu_kernels::WeightMemory`).
+    pub cpu_huge_pages: bool,
     /// The fused CUDA forward (off: candle ops only).
     pub fused_kernels: bool,
     /// CUDA graphs for decode steps.
@@ -85,12 +88,24 @@ impl Sampling {
     }
 }
 
+impl KernelOptions {
+    /// Where our CPU kernels keep their weights.
+    pub fn cpu_weight_memory(&self) -> WeightMemory {
+        if self.cpu_huge_pages {
+            WeightMemory::HugePages
+        } else {
+            WeightMemory::Heap
+        }
+    }
+}
+
 impl Default for KernelOptions {
     fn default() -> Self {
         Self {
             cpu_q5: CpuKernel::Auto,
             cpu_qk: CpuKernel::Auto,
             cpu_fuse: false,
+            cpu_huge_pages: true,
             fused_kernels: true,
             cuda_graphs: true,
             gemv: true,

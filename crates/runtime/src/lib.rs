@@ -32,7 +32,7 @@ mod weights;
 pub use config::{Arch, ModelConfig};
 pub use device_spec::DeviceSpec;
 pub use error::{Result, RuntimeError};
-pub use kernel_options::{CpuKernel, KernelOptions, Sampling};
+pub use kernel_options::{CpuKernel, KernelOptions, Sampling, WeightMemory};
 pub use kv::{KvCapacity, KvUsage, SeqId};
 pub use load::{
     inspect, load_model, load_random, load_random_model, load_runner, KvBudget, LoadOptions,

@@ -7,7 +7,7 @@ use crate::attention_device::{self, DeviceRope, StepPlan};
 use crate::config::ModelConfig;
 use crate::cpu_quant::{CpuMatmul, SeqRows};
 use crate::error::Result;
-use crate::kernel_options::KernelOptions;
+use crate::kernel_options::{KernelOptions, WeightMemory};
 use crate::kv::{BlockTable, KvStore};
 use crate::weights::{Part, Role, WeightSource};
 use candle_core::quantized::QMatMul;
@@ -49,6 +49,24 @@ enum Weight {
     Ours(CpuMatmul),
 }
 
+impl Weight {
+    /// Ours where one of our kernels takes `w` (its copy in `memory`), else candle's.
+    fn choose(w: QMatMul, kernels: &KernelOptions, memory: WeightMemory) -> Self {
+        match CpuMatmul::new(&w, kernels.cpu_q5, kernels.cpu_qk, memory) {
+            Some(ours) => Self::Ours(ours),
+            None => Self::Candle(w),
+        }
+    }
+
+    /// `x @ w^T`, `x`'s rows grouped into sequences by `seqs` (our kernels round per sequence).
+    fn forward(&self, x: &Tensor, seqs: SeqRows) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Ours(q) => q.forward(x, seqs),
+            Self::Candle(w) => matmul_t(x, w),
+        }
+    }
+}
+
 impl Linear {
     fn load(
         src: &mut WeightSource,
@@ -65,10 +83,7 @@ impl Linear {
         } else {
             None
         };
-        let w = match CpuMatmul::new(&w, kernels.cpu_q5, kernels.cpu_qk) {
-            Some(ours) => Weight::Ours(ours),
-            None => Weight::Candle(w),
-        };
+        let w = Weight::choose(w, kernels, kernels.cpu_weight_memory());
         Ok(Self { w, b })
     }
 
@@ -133,10 +148,7 @@ impl Linear {
     /// `x W^T (+ b)`, `x`'s rows grouped into sequences (`cpu_quant::SeqRows`; `None`:
     /// each row on its own).
     fn forward(&self, x: &Tensor, seqs: SeqRows) -> candle_core::Result<Tensor> {
-        let y = match &self.w {
-            Weight::Ours(q) => q.forward(x, seqs)?,
-            Weight::Candle(w) => matmul_t(x, w)?,
-        };
+        let y = self.w.forward(x, seqs)?;
         match &self.b {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
@@ -175,9 +187,7 @@ pub struct Transformer {
     embed: QMatMul,
     layers: Vec<Layer>,
     norm: Tensor,
-    lm_head: QMatMul,
-    /// Our CPU kernel for `lm_head` when one applies (as `Linear::cpu`).
-    lm_head_cpu: Option<CpuMatmul>,
+    lm_head: Weight,
     rope: RopeTable,
     /// The rotary table as tensors, made on first use by the tensor-KV path.
     rope_dev: OnceLock<DeviceRope>,
@@ -222,6 +232,15 @@ impl Transformer {
             cfg.num_kv_heads * cfg.head_dim,
         );
         let embed = src.qmatmul(Role::Embed, 0, (cfg.vocab_size, h))?;
+        // The output matrix before the layers: our kernels copy it (onto huge pages), and
+        // while little else is loaded the moment it exists twice does not set the peak. A
+        // tied one stays shared with the embedding (a copy would be held beside it).
+        let lm_head = if cfg.tie_embeddings || !src.has(Role::LmHead, 0, Part::Weight) {
+            Weight::choose(embed.clone(), kernels, WeightMemory::Heap)
+        } else {
+            let w = src.qmatmul(Role::LmHead, 0, (cfg.vocab_size, h))?;
+            Weight::choose(w, kernels, kernels.cpu_weight_memory())
+        };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let qk_norm = |src: &mut WeightSource, role| -> Result<Option<Tensor>> {
@@ -262,11 +281,6 @@ impl Transformer {
             crate::host_memory::return_freed_pages();
         }
         let norm = src.dense(Role::FinalNorm, 0, Part::Weight, &[h])?;
-        let lm_head = if cfg.tie_embeddings || !src.has(Role::LmHead, 0, Part::Weight) {
-            embed.clone()
-        } else {
-            src.qmatmul(Role::LmHead, 0, (cfg.vocab_size, h))?
-        };
         // The table grows with the context; cap it so a 1M-context config does not
         // allocate gigabytes up front (sequences beyond it are rejected as too long).
         let rope_len = cfg.max_position.min(1 << 17);
@@ -276,7 +290,6 @@ impl Transformer {
             embed,
             layers,
             norm,
-            lm_head_cpu: CpuMatmul::new(&lm_head, kernels.cpu_q5, kernels.cpu_qk),
             lm_head,
             rope,
             rope_dev: OnceLock::new(),
@@ -502,10 +515,7 @@ impl Transformer {
     /// Logits (and, when wanted, the hidden state) of final-norm hidden states `hn`.
     /// Sampling and routers read f32: convert on the device (a no-op on f32).
     fn head(&self, hn: &Tensor, want_hidden: bool) -> candle_core::Result<ForwardOutput> {
-        let logits = match &self.lm_head_cpu {
-            Some(q) => q.forward(hn, None)?,
-            None => matmul_t(hn, &self.lm_head)?,
-        };
+        let logits = self.lm_head.forward(hn, None)?;
         Ok(ForwardOutput {
             logits: logits.to_dtype(DType::F32)?,
             hidden: if want_hidden {

@@ -24,11 +24,11 @@
 //! attention already uses.
 
 use candle_core::quantized::k_quants::BlockQ8_0;
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
-use std::sync::Arc;
 
 use super::{par_chunks, par_guided, Bands, Unfilled};
+use crate::weight_memory::{WeightBytes, WeightMemory, WeightVec};
 use crate::CpuKernel;
 use layout::Rows;
 use lhs::QuantizedLhs;
@@ -143,28 +143,13 @@ impl Kernel {
     }
 }
 
-/// A weight's bytes as the kernels read them (see [`layout`]).
-#[derive(Clone)]
-enum Stored {
-    /// Q8_0 rows as in the file, shared with candle's tensor.
-    Rows(Arc<QTensor>),
-    /// Q5_0 rows regrouped ([`layout::pack_q5_0`]).
-    Grouped(Arc<Vec<u8>>),
-}
-
-impl Stored {
-    fn bytes(&self) -> candle_core::Result<std::borrow::Cow<'_, [u8]>> {
-        match self {
-            Self::Rows(t) => t.data(),
-            Self::Grouped(b) => Ok(std::borrow::Cow::Borrowed(b.as_slice())),
-        }
-    }
-}
-
 /// A Q5_0 or Q8_0 weight `[n, k]` on the CPU, multiplied by our kernels.
 #[derive(Clone)]
 pub struct Q0Matmul {
-    w: Stored,
+    /// The weight's bytes as the kernels read them: Q8_0 rows as in the file, Q5_0 rows
+    /// regrouped ([`layout::pack_q5_0`]).
+    w: WeightBytes,
+    memory: WeightMemory,
     n: usize,
     k: usize,
     kernel: Kernel,
@@ -185,13 +170,17 @@ impl Q0Matmul {
     /// Takes over `w` when it is a Q5_0 or Q8_0 matrix on the CPU; `None` leaves it to candle.
     /// `choice` (`KernelOptions::cpu_q5`) may turn this path off or force a kernel (for A/B
     /// measurements).
-    pub fn new(w: &QMatMul, choice: CpuKernel) -> Option<Self> {
+    pub fn new(w: &QMatMul, choice: CpuKernel, memory: WeightMemory) -> Option<Self> {
         let kernel = choice.pick(Kernel::Scalar, Kernel::Avx2, Kernel::detect(), true)?;
-        Self::with_kernel(w, kernel)
+        Self::with_kernel_in(w, kernel, memory)
     }
 
     /// As [`Q0Matmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
     pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
+        Self::with_kernel_in(w, kernel, WeightMemory::default())
+    }
+
+    fn with_kernel_in(w: &QMatMul, kernel: Kernel, memory: WeightMemory) -> Option<Self> {
         let (format, (t, n, k)) = [Format::Q5_0, Format::Q8_0]
             .into_iter()
             .find_map(|f| Some((f, super::cpu_matrix(w, f.dtype(), QK, f.block_bytes())?)))?;
@@ -199,18 +188,25 @@ impl Q0Matmul {
             return None;
         }
         let w = match format {
-            Format::Q8_0 => Stored::Rows(t.clone()),
-            Format::Q5_0 => {
-                Stored::Grouped(Arc::new(layout::pack_q5_0(&t.data().ok()?, n, k / QK)))
-            }
+            Format::Q8_0 => WeightBytes::new(t, memory)?,
+            Format::Q5_0 => WeightBytes::own(WeightVec::from_slice(
+                &layout::pack_q5_0(&t.data().ok()?, n, k / QK),
+                memory,
+            )),
         };
         Some(Self {
             w,
+            memory,
             n,
             k,
             kernel,
             format,
         })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn weight_is_mapped(&self) -> bool {
+        self.w.is_mapped()
     }
 
     pub fn kernel(&self) -> Kernel {
@@ -228,24 +224,11 @@ impl Q0Matmul {
         }
         let (kb, mut n) = (first.k / QK, 0);
         let w = match first.format {
-            Format::Q8_0 => {
-                let ws: Option<Vec<_>> = parts
-                    .iter()
-                    .map(|p| match &p.w {
-                        Stored::Rows(t) => Some(t),
-                        Stored::Grouped(_) => None,
-                    })
-                    .collect();
-                return Self::with_kernel(&super::stack_rows(&ws?)?, first.kernel);
-            }
-            // Parts of whole groups (q/k/v, gate/up) concatenate as they are.
+            // Rows as in the file, and parts of whole groups (q/k/v, gate/up), concatenate
+            // as they are.
+            Format::Q8_0 => concat(parts, &mut n),
             Format::Q5_0 if parts[..parts.len() - 1].iter().all(|p| p.n % TILE == 0) => {
-                let mut w = Vec::new();
-                for p in parts {
-                    w.extend_from_slice(&p.w.bytes().ok()?);
-                    n += p.n;
-                }
-                w
+                concat(parts, &mut n)
             }
             // Otherwise a part's short last group would sit inside: back to the file's
             // rows, stacked, grouped again.
@@ -255,11 +238,15 @@ impl Q0Matmul {
                     rows.extend(layout::unpack_q5_0(&p.w.bytes().ok()?, p.n, kb));
                     n += p.n;
                 }
-                layout::pack_q5_0(&rows, n, kb)
+                Some(WeightVec::from_slice(
+                    &layout::pack_q5_0(&rows, n, kb),
+                    first.memory,
+                ))
             }
         };
         Some(Self {
-            w: Stored::Grouped(Arc::new(w)),
+            w: WeightBytes::own(w?),
+            memory: first.memory,
             n,
             k: first.k,
             kernel: first.kernel,
@@ -279,6 +266,17 @@ impl Q0Matmul {
     }
 }
 
+/// The parts' bytes one after the other, their rows counted into `n`.
+fn concat(parts: &[&Q0Matmul], n: &mut usize) -> Option<WeightVec<u8>> {
+    *n = parts.iter().map(|p| p.n).sum();
+    let bytes: Vec<_> = parts
+        .iter()
+        .map(|p| p.w.bytes().ok())
+        .collect::<Option<_>>()?;
+    let bytes: Vec<&[u8]> = bytes.iter().map(|b| &b[..]).collect();
+    Some(WeightVec::concat(&bytes, parts[0].memory))
+}
+
 impl CustomOp1 for Q0Matmul {
     fn name(&self) -> &'static str {
         "q5_0-matmul"
@@ -290,8 +288,14 @@ impl CustomOp1 for Q0Matmul {
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (x, shape) = super::matmul_io("q5_0 matmul", storage, layout, self.k, self.n)?;
-        let data = self.w.bytes()?;
-        let out = matmul(self.kernel, self.format, &data, self.n, self.k, x)?;
+        let out = matmul(
+            self.kernel,
+            self.format,
+            &self.w.bytes()?,
+            self.n,
+            self.k,
+            x,
+        )?;
         Ok((CpuStorage::F32(out), shape))
     }
 }

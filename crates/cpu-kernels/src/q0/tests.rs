@@ -1,5 +1,8 @@
 use super::*;
+use crate::WeightMemory;
+use candle_core::quantized::QTensor;
 use candle_core::{Device, Module};
+use std::sync::Arc;
 
 use crate::test_util::{quantized, rel_diff, time_ms, values};
 
@@ -136,7 +139,7 @@ fn extreme_values_decode_exactly() {
 #[test]
 fn batched_input_and_other_dtypes() {
     let w = q5_weight(16, 64, 9);
-    let ours = Q0Matmul::new(&w, crate::CpuKernel::Auto).unwrap();
+    let ours = Q0Matmul::new(&w, crate::CpuKernel::Auto, WeightMemory::default()).unwrap();
     let x = Tensor::from_vec(values(2 * 3 * 64, 1), (2, 3, 64), &Device::Cpu).unwrap();
     let got = ours.forward(&x).unwrap();
     assert_eq!(got.dims(), &[2, 3, 16]);

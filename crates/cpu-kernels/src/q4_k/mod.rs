@@ -21,6 +21,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use std::sync::Arc;
 
 use super::{par_chunks, par_guided, Bands, SharedMut, Unfilled};
+use crate::weight_memory::{WeightMemory, WeightVec, ZeroValid};
 use crate::CpuKernel;
 
 /// Values per super-block.
@@ -61,6 +62,9 @@ pub struct Tile {
     mn: [[u8; TILE_N]; 8],
 }
 const TILE_BYTES: usize = std::mem::size_of::<Tile>();
+// SAFETY: a tile is integer arrays only (any bytes, zeros included, are a tile) and has no
+// `Drop`.
+unsafe impl ZeroValid for Tile {}
 const _: () = assert!(TILE_BYTES == 2368);
 
 /// Which kernel runs.
@@ -113,10 +117,11 @@ impl Kernel {
 /// tiles: the caller may drop the original weight (the model does).
 #[derive(Clone)]
 pub struct Q4kMatmul {
-    tiles: Arc<Vec<Tile>>,
+    tiles: Arc<WeightVec<Tile>>,
     n: usize,
     k: usize,
     kernel: Kernel,
+    memory: WeightMemory,
 }
 
 impl std::fmt::Debug for Q4kMatmul {
@@ -130,24 +135,34 @@ impl Q4kMatmul {
     /// leaves it to candle. `choice` (`KernelOptions::cpu_qk`) may turn this path off or
     /// force a kernel (A/B measurements). Without a SIMD kernel for this CPU candle keeps
     /// the weight.
-    pub fn new(w: &QMatMul, choice: CpuKernel) -> Option<Self> {
+    pub fn new(w: &QMatMul, choice: CpuKernel, memory: WeightMemory) -> Option<Self> {
         let kernel = choice.pick(Kernel::Scalar, Kernel::Avx2, Kernel::detect(), false)?;
-        Self::with_kernel(w, kernel)
+        Self::with_kernel_in(w, kernel, memory)
     }
 
     /// As [`Q4kMatmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
     pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
+        Self::with_kernel_in(w, kernel, WeightMemory::default())
+    }
+
+    fn with_kernel_in(w: &QMatMul, kernel: Kernel, memory: WeightMemory) -> Option<Self> {
         let (t, n, k) = super::cpu_matrix(w, GgmlDType::Q4K, QK_K, Q4K_BYTES)?;
         if !kernel.available() || !n.is_multiple_of(TILE_N) {
             return None;
         }
-        let tiles = pack(&t.data().ok()?, n, k);
+        let tiles = pack(&t.data().ok()?, n, k, memory);
         Some(Self {
             tiles: Arc::new(tiles),
             n,
             k,
             kernel,
+            memory,
         })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn weight_is_mapped(&self) -> bool {
+        self.tiles.is_mapped()
     }
 
     pub fn kernel(&self) -> Kernel {
@@ -164,15 +179,13 @@ impl Q4kMatmul {
         {
             return None;
         }
-        let mut tiles = Vec::with_capacity(parts.iter().map(|p| p.tiles.len()).sum());
-        for p in parts {
-            tiles.extend_from_slice(&p.tiles);
-        }
+        let tiles: Vec<&[Tile]> = parts.iter().map(|p| &p.tiles[..]).collect();
         Some(Self {
-            tiles: Arc::new(tiles),
+            tiles: Arc::new(WeightVec::concat(&tiles, first.memory)),
             n: parts.iter().map(|p| p.n).sum(),
             k: first.k,
             kernel: first.kernel,
+            memory: first.memory,
         })
     }
 
@@ -234,16 +247,9 @@ fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
 }
 
 /// Q4_K weight bytes (`n` rows of `k / 256` blocks) as tiles, `[n / 16][k / 256]`.
-fn pack(w: &[u8], n: usize, k: usize) -> Vec<Tile> {
+fn pack(w: &[u8], n: usize, k: usize, memory: WeightMemory) -> WeightVec<Tile> {
     let kb = k / QK_K;
-    let empty = Tile {
-        qs: [0; QK_K / 2 * TILE_N],
-        d: [0; TILE_N],
-        dmin: [0; TILE_N],
-        sc: [[0; TILE_N]; 8],
-        mn: [[0; TILE_N]; 8],
-    };
-    let mut tiles = vec![empty; n / TILE_N * kb];
+    let mut tiles = WeightVec::<Tile>::zeroed(n / TILE_N * kb, memory);
     let ptr = SharedMut(tiles.as_mut_ptr());
     par_chunks(tiles.len(), tiles.len() * 64, |range| {
         for t in range {

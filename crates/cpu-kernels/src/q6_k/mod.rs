@@ -19,11 +19,11 @@
 //! weights unpacked once into 16-row tiles (`tiled.rs`), three times faster in a prefill.
 
 use candle_core::quantized::k_quants::BlockQ8K;
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
-use std::sync::Arc;
 
 use super::{par_chunks, par_guided, Unfilled};
+use crate::weight_memory::{WeightBytes, WeightMemory, WeightVec};
 use crate::CpuKernel;
 
 /// Values per super-block.
@@ -88,10 +88,12 @@ impl Kernel {
 /// A Q6_K weight `[n, k]` on the CPU; single activation rows run on our kernels.
 #[derive(Clone)]
 pub struct Q6kMatmul {
-    w: Arc<QTensor>,
+    /// The GGUF blocks, `n` rows of `k / 256`.
+    w: WeightBytes,
     n: usize,
     k: usize,
     kernel: Kernel,
+    memory: WeightMemory,
 }
 
 impl std::fmt::Debug for Q6kMatmul {
@@ -104,23 +106,33 @@ impl Q6kMatmul {
     /// Takes over `w` when it is a Q6_K matrix on the CPU; `None` leaves it to candle.
     /// `choice` (`KernelOptions::cpu_qk`) may turn this path off or force a kernel. Without
     /// a SIMD kernel for this CPU candle keeps the weight.
-    pub fn new(w: &QMatMul, choice: CpuKernel) -> Option<Self> {
+    pub fn new(w: &QMatMul, choice: CpuKernel, memory: WeightMemory) -> Option<Self> {
         let kernel = choice.pick(Kernel::Scalar, Kernel::Avx2, Kernel::detect(), false)?;
-        Self::with_kernel(w, kernel)
+        Self::with_kernel_in(w, kernel, memory)
     }
 
     /// As [`Q6kMatmul::new`] with a chosen kernel (`None` if this CPU cannot run it).
     pub fn with_kernel(w: &QMatMul, kernel: Kernel) -> Option<Self> {
+        Self::with_kernel_in(w, kernel, WeightMemory::default())
+    }
+
+    fn with_kernel_in(w: &QMatMul, kernel: Kernel, memory: WeightMemory) -> Option<Self> {
         let (t, n, k) = super::cpu_matrix(w, GgmlDType::Q6K, QK_K, Q6K_BYTES)?;
         if !kernel.available() {
             return None;
         }
         Some(Self {
-            w: t.clone(),
+            w: WeightBytes::new(t, memory)?,
             n,
             k,
             kernel,
+            memory,
         })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn weight_is_mapped(&self) -> bool {
+        self.w.is_mapped()
     }
 
     pub fn kernel(&self) -> Kernel {
@@ -136,16 +148,31 @@ impl Q6kMatmul {
         {
             return None;
         }
-        let ws: Vec<_> = parts.iter().map(|p| &p.w).collect();
-        Self::with_kernel(&super::stack_rows(&ws)?, first.kernel)
+        // Whole rows of blocks: the parts' bytes one after the other are the stacked matrix.
+        let ws: Vec<_> = parts
+            .iter()
+            .map(|p| p.w.bytes().ok())
+            .collect::<Option<_>>()?;
+        let ws: Vec<&[u8]> = ws.iter().map(|w| &w[..]).collect();
+        Some(Self {
+            w: WeightBytes::own(WeightVec::concat(&ws, first.memory)),
+            n: parts.iter().map(|p| p.n).sum(),
+            k: first.k,
+            kernel: first.kernel,
+            memory: first.memory,
+        })
     }
 
     /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`, one activation row at a time, its
     /// rows grouped into sequences by `seqs` (see [`super::SeqRows`]).
     pub fn forward(&self, x: &Tensor, seqs: super::SeqRows) -> candle_core::Result<Tensor> {
-        if x.dtype() != DType::F32 || !x.device().is_cpu() || !x.elem_count().is_multiple_of(self.k)
-        {
-            return x.apply_op1_no_bwd(self.w.as_ref());
+        if !x.device().is_cpu() {
+            candle_core::bail!("q6_k matmul: the weight is in CPU memory, the input is not");
+        }
+        if x.dtype() != DType::F32 {
+            return self
+                .forward(&x.to_dtype(DType::F32)?, seqs)?
+                .to_dtype(x.dtype());
         }
         let m = x.elem_count() / self.k;
         let tiled = super::seq_positions(m, seqs)
@@ -175,8 +202,7 @@ impl CustomOp1 for Call<'_> {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let mm = self.mm;
         let (x, shape) = super::matmul_io("q6_k matvec", storage, layout, mm.k, mm.n)?;
-        let data = mm.w.data()?;
-        let out = matvec(mm.kernel, &data, mm.n, mm.k, x, &self.tiled)?;
+        let out = matvec(mm.kernel, &mm.w.bytes()?, mm.n, mm.k, x, &self.tiled)?;
         Ok((CpuStorage::F32(out), shape))
     }
 }

@@ -1,5 +1,7 @@
 use super::*;
+use candle_core::quantized::QTensor;
 use candle_core::{Device, Module};
+use std::sync::Arc;
 
 use crate::test_util::{quantized, rel_diff, time_ms, values};
 use crate::SharedMut;

@@ -180,7 +180,7 @@ impl Transformer {
             splits: self.attention_splits(b, None),
         };
         let h = self.layers_fused(x, &m, &[], caches)?;
-        let logits = super::matmul_t(&h, &self.lm_head)?.to_dtype(DType::F32)?;
+        let logits = self.lm_head.forward(&h, None)?.to_dtype(DType::F32)?;
         g.logits.slice_set(&logits, 0, 0)?;
         if want_hidden {
             g.hidden.slice_set(&h.to_dtype(DType::F32)?, 0, 0)?;
