@@ -328,3 +328,67 @@ fn speed_tile_kernel() {
         }
     }
 }
+
+/// `speed_cold_step`'s 1.5B step (one activation row, the best kernel) with the weights on
+/// the heap and on huge pages, alternating step by step (a shared host's memory traffic
+/// moves both alike), medians of 30 steps each.
+/// `cargo test --release -p tokenrouter-cpu-kernels --lib q4_k::tests::speed_cold_step_pages -- --exact --ignored --nocapture`
+#[test]
+#[ignore]
+fn speed_cold_step_pages() {
+    use crate::WeightMemory;
+    let shapes = [
+        (1536, 1536),
+        (256, 1536),
+        (256, 1536),
+        (1536, 1536),
+        (8960, 1536),
+        (8960, 1536),
+        (1536, 8960),
+    ];
+    let sources: Vec<QMatMul> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| q4k_weight(n, k, i as u64))
+        .collect();
+    let bytes: usize = shapes
+        .iter()
+        .map(|&(n, k)| n / 16 * k / 256 * TILE_BYTES)
+        .sum();
+    let layers = |memory| -> Vec<Vec<Q4kMatmul>> {
+        (0..28)
+            .map(|_| {
+                sources
+                    .iter()
+                    .map(|w| Q4kMatmul::new(w, CpuKernel::Auto, memory).unwrap())
+                    .collect()
+            })
+            .collect()
+    };
+    let arms = [
+        ("heap", layers(WeightMemory::Heap)),
+        ("huge pages", layers(WeightMemory::HugePages)),
+    ];
+    let inputs = crate::test_util::inputs_for(&shapes, 1, 3);
+    let mut ms = [Vec::new(), Vec::new()];
+    for _ in 0..30 {
+        for (a, (_, layers)) in arms.iter().enumerate() {
+            let t = std::time::Instant::now();
+            for layer in layers {
+                for (w, x) in layer.iter().zip(&inputs) {
+                    w.forward(x, None).unwrap();
+                }
+            }
+            ms[a].push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    for ((name, _), ms) in arms.iter().zip(&mut ms) {
+        ms.sort_by(f64::total_cmp);
+        let median = ms[ms.len() / 2];
+        let gb_s = 28.0 * bytes as f64 / median / 1e6;
+        println!(
+            "{name}: {median:.2} ms a step (best {:.2}), {gb_s:.1} GB/s",
+            ms[0]
+        );
+    }
+}
