@@ -55,6 +55,16 @@ impl WeightBytes {
         Self::Own(Arc::new(bytes))
     }
 
+    /// `parts` one after the other (rows of one width stacked), owned, in `memory`.
+    pub(crate) fn concat(parts: &[&WeightBytes], memory: WeightMemory) -> Option<Self> {
+        let bytes: Vec<_> = parts
+            .iter()
+            .map(|p| p.bytes().ok())
+            .collect::<Option<_>>()?;
+        let bytes: Vec<&[u8]> = bytes.iter().map(|b| &b[..]).collect();
+        Some(Self::own(WeightVec::concat(&bytes, memory)))
+    }
+
     pub(crate) fn bytes(&self) -> candle_core::Result<Cow<'_, [u8]>> {
         match self {
             Self::Candle(t) => t.data(),

@@ -222,13 +222,15 @@ impl Q0Matmul {
         {
             return None;
         }
-        let (kb, mut n) = (first.k / QK, 0);
+        let (kb, n) = (first.k / QK, parts.iter().map(|p| p.n).sum());
+        let memory = first.memory;
+        let ws: Vec<&WeightBytes> = parts.iter().map(|p| &p.w).collect();
         let w = match first.format {
             // Rows as in the file, and parts of whole groups (q/k/v, gate/up), concatenate
             // as they are.
-            Format::Q8_0 => concat(parts, &mut n),
+            Format::Q8_0 => WeightBytes::concat(&ws, memory)?,
             Format::Q5_0 if parts[..parts.len() - 1].iter().all(|p| p.n % TILE == 0) => {
-                concat(parts, &mut n)
+                WeightBytes::concat(&ws, memory)?
             }
             // Otherwise a part's short last group would sit inside: back to the file's
             // rows, stacked, grouped again.
@@ -236,17 +238,16 @@ impl Q0Matmul {
                 let mut rows = Vec::new();
                 for p in parts {
                     rows.extend(layout::unpack_q5_0(&p.w.bytes().ok()?, p.n, kb));
-                    n += p.n;
                 }
-                Some(WeightVec::from_slice(
+                WeightBytes::own(WeightVec::from_slice(
                     &layout::pack_q5_0(&rows, n, kb),
-                    first.memory,
+                    memory,
                 ))
             }
         };
         Some(Self {
-            w: WeightBytes::own(w?),
-            memory: first.memory,
+            w,
+            memory,
             n,
             k: first.k,
             kernel: first.kernel,
@@ -264,17 +265,6 @@ impl Q0Matmul {
         }
         x.contiguous()?.apply_op1_no_bwd(self)
     }
-}
-
-/// The parts' bytes one after the other, their rows counted into `n`.
-fn concat(parts: &[&Q0Matmul], n: &mut usize) -> Option<WeightVec<u8>> {
-    *n = parts.iter().map(|p| p.n).sum();
-    let bytes: Vec<_> = parts
-        .iter()
-        .map(|p| p.w.bytes().ok())
-        .collect::<Option<_>>()?;
-    let bytes: Vec<&[u8]> = bytes.iter().map(|b| &b[..]).collect();
-    Some(WeightVec::concat(&bytes, parts[0].memory))
 }
 
 impl CustomOp1 for Q0Matmul {

@@ -23,7 +23,7 @@ use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 
 use super::{par_chunks, par_guided, Unfilled};
-use crate::weight_memory::{WeightBytes, WeightMemory, WeightVec};
+use crate::weight_memory::{WeightBytes, WeightMemory};
 use crate::CpuKernel;
 
 /// Values per super-block.
@@ -149,13 +149,9 @@ impl Q6kMatmul {
             return None;
         }
         // Whole rows of blocks: the parts' bytes one after the other are the stacked matrix.
-        let ws: Vec<_> = parts
-            .iter()
-            .map(|p| p.w.bytes().ok())
-            .collect::<Option<_>>()?;
-        let ws: Vec<&[u8]> = ws.iter().map(|w| &w[..]).collect();
+        let ws: Vec<&WeightBytes> = parts.iter().map(|p| &p.w).collect();
         Some(Self {
-            w: WeightBytes::own(WeightVec::concat(&ws, first.memory)),
+            w: WeightBytes::concat(&ws, first.memory)?,
             n: parts.iter().map(|p| p.n).sum(),
             k: first.k,
             kernel: first.kernel,
