@@ -239,13 +239,9 @@ fn speed() {
     }
 }
 
-/// The Q4_K matrices of a 1.5B decode step one after another (28 layers of q, k, v, o, gate,
-/// up, down: 730 MB, each cold from DRAM as in a real step, unlike `speed`'s one matrix read
-/// again and again), one activation row, four (one group: the kernel's own pace against the
-/// stream) and eight decode rows (a batched step): the rate a step streams its weights at.
-#[test]
-#[ignore]
-fn speed_cold_step() {
+/// One layer of the 1.5B's Q4_K matrices (q, k, v, o, gate, up, down as `[n, k]`), random
+/// weights of those shapes, and the bytes of their tiles.
+fn cold_step_weights() -> ([(usize, usize); 7], Vec<QMatMul>, usize) {
     let shapes = [
         (1536, 1536),
         (256, 1536),
@@ -260,11 +256,21 @@ fn speed_cold_step() {
         .enumerate()
         .map(|(i, &(n, k))| q4k_weight(n, k, i as u64))
         .collect();
-
-    let bytes: usize = shapes
+    let bytes = shapes
         .iter()
         .map(|&(n, k)| n / 16 * k / 256 * TILE_BYTES)
         .sum();
+    (shapes, sources, bytes)
+}
+
+/// The Q4_K matrices of a 1.5B decode step one after another (28 layers of q, k, v, o, gate,
+/// up, down: 730 MB, each cold from DRAM as in a real step, unlike `speed`'s one matrix read
+/// again and again), one activation row, four (one group: the kernel's own pace against the
+/// stream) and eight decode rows (a batched step): the rate a step streams its weights at.
+#[test]
+#[ignore]
+fn speed_cold_step() {
+    let (shapes, sources, bytes) = cold_step_weights();
     for kernel in kernels().into_iter().skip(1) {
         let layers: Vec<Vec<Q4kMatmul>> = (0..28)
             .map(|_| {
@@ -337,24 +343,7 @@ fn speed_tile_kernel() {
 #[ignore]
 fn speed_cold_step_pages() {
     use crate::WeightMemory;
-    let shapes = [
-        (1536, 1536),
-        (256, 1536),
-        (256, 1536),
-        (1536, 1536),
-        (8960, 1536),
-        (8960, 1536),
-        (1536, 8960),
-    ];
-    let sources: Vec<QMatMul> = shapes
-        .iter()
-        .enumerate()
-        .map(|(i, &(n, k))| q4k_weight(n, k, i as u64))
-        .collect();
-    let bytes: usize = shapes
-        .iter()
-        .map(|&(n, k)| n / 16 * k / 256 * TILE_BYTES)
-        .sum();
+    let (shapes, sources, bytes) = cold_step_weights();
     let layers = |memory| -> Vec<Vec<Q4kMatmul>> {
         (0..28)
             .map(|_| {
