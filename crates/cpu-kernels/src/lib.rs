@@ -149,6 +149,22 @@ fn cpu_matrix(
     Some((t, n, k))
 }
 
+/// `f` on `x` as our kernels take it: f32 on the CPU. Another float type goes through f32 and
+/// back; an input on another device is an error naming `op` (the weight is in CPU memory).
+fn on_cpu_f32(
+    op: &str,
+    x: &Tensor,
+    f: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+) -> candle_core::Result<Tensor> {
+    if !x.device().is_cpu() {
+        candle_core::bail!("{op}: the weight is in CPU memory, the input is not");
+    }
+    if x.dtype() != candle_core::DType::F32 {
+        return f(&x.to_dtype(candle_core::DType::F32)?)?.to_dtype(x.dtype());
+    }
+    f(x)
+}
+
 /// The contiguous f32 input of a matmul op `[.., k]` and its output shape `[.., n]`.
 fn matmul_io<'a>(
     op: &str,

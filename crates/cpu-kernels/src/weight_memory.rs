@@ -130,9 +130,7 @@ impl<T: ZeroValid> WeightVec<T> {
 
     /// A copy of `items` in `memory`.
     pub(crate) fn from_slice(items: &[T], memory: WeightMemory) -> Self {
-        let mut v = Self::zeroed(items.len(), memory);
-        v.clone_from_slice(items);
-        v
+        Self::concat(&[items], memory)
     }
 
     /// The concatenation of `parts` in `memory`.

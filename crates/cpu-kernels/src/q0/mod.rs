@@ -25,7 +25,7 @@
 
 use candle_core::quantized::k_quants::BlockQ8_0;
 use candle_core::quantized::{GgmlDType, QMatMul};
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 
 use super::{par_chunks, par_guided, Bands, Unfilled};
 use crate::weight_memory::{WeightBytes, WeightMemory, WeightVec};
@@ -257,13 +257,7 @@ impl Q0Matmul {
 
     /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if !x.device().is_cpu() {
-            candle_core::bail!("q5_0 matmul: the weight is in CPU memory, the input is not");
-        }
-        if x.dtype() != DType::F32 {
-            return self.forward(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype());
-        }
-        x.contiguous()?.apply_op1_no_bwd(self)
+        super::on_cpu_f32("q5_0 matmul", x, |x| x.contiguous()?.apply_op1_no_bwd(self))
     }
 }
 

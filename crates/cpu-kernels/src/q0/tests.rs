@@ -1,7 +1,7 @@
 use super::*;
 use crate::WeightMemory;
 use candle_core::quantized::QTensor;
-use candle_core::{Device, Module};
+use candle_core::{DType, Device, Module};
 use std::sync::Arc;
 
 use crate::test_util::{quantized, rel_diff, time_ms, values};

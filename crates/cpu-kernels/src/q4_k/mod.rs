@@ -17,7 +17,7 @@
 
 use candle_core::quantized::k_quants::BlockQ8K;
 use candle_core::quantized::{GgmlDType, QMatMul};
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use std::sync::Arc;
 
 use super::{par_chunks, par_guided, Bands, SharedMut, Unfilled};
@@ -192,22 +192,16 @@ impl Q4kMatmul {
     /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`, its rows grouped into sequences by
     /// `seqs` (see [`super::SeqRows`]).
     pub fn forward(&self, x: &Tensor, seqs: super::SeqRows) -> candle_core::Result<Tensor> {
-        if !x.device().is_cpu() {
-            candle_core::bail!("q4_k matmul: the weight is in CPU memory, the input is not");
-        }
-        if x.dtype() != DType::F32 {
-            return self
-                .forward(&x.to_dtype(DType::F32)?, seqs)?
-                .to_dtype(x.dtype());
-        }
-        let m = x.elem_count() / self.k.max(1);
-        // llama.cpp's gemm takes a sequence's rows up to its last multiple of four.
-        let in_gemm = super::seq_positions(m, seqs)
-            .into_iter()
-            .map(|(i, len)| i < len - len % MT)
-            .collect();
-        x.contiguous()?
-            .apply_op1_no_bwd(&Call { mm: self, in_gemm })
+        super::on_cpu_f32("q4_k matmul", x, |x| {
+            let m = x.elem_count() / self.k.max(1);
+            // llama.cpp's gemm takes a sequence's rows up to its last multiple of four.
+            let in_gemm = super::seq_positions(m, seqs)
+                .into_iter()
+                .map(|(i, len)| i < len - len % MT)
+                .collect();
+            x.contiguous()?
+                .apply_op1_no_bwd(&Call { mm: self, in_gemm })
+        })
     }
 }
 

@@ -1,6 +1,6 @@
 use super::*;
 use candle_core::quantized::QTensor;
-use candle_core::{Device, Module};
+use candle_core::{DType, Device, Module};
 
 use crate::test_util::{quantized, rel_diff, time_ms, values};
 

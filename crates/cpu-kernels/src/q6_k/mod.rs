@@ -20,7 +20,7 @@
 
 use candle_core::quantized::k_quants::BlockQ8K;
 use candle_core::quantized::{GgmlDType, QMatMul};
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 
 use super::{par_chunks, par_guided, Unfilled};
 use crate::weight_memory::{WeightBytes, WeightMemory};
@@ -162,20 +162,14 @@ impl Q6kMatmul {
     /// `x @ w^T` for `x` of shape `[.., k]`: `[.., n]`, one activation row at a time, its
     /// rows grouped into sequences by `seqs` (see [`super::SeqRows`]).
     pub fn forward(&self, x: &Tensor, seqs: super::SeqRows) -> candle_core::Result<Tensor> {
-        if !x.device().is_cpu() {
-            candle_core::bail!("q6_k matmul: the weight is in CPU memory, the input is not");
-        }
-        if x.dtype() != DType::F32 {
-            return self
-                .forward(&x.to_dtype(DType::F32)?, seqs)?
-                .to_dtype(x.dtype());
-        }
-        let m = x.elem_count() / self.k;
-        let tiled = super::seq_positions(m, seqs)
-            .into_iter()
-            .map(|(_, len)| len >= TILED_MIN_ROWS)
-            .collect();
-        x.contiguous()?.apply_op1_no_bwd(&Call { mm: self, tiled })
+        super::on_cpu_f32("q6_k matmul", x, |x| {
+            let m = x.elem_count() / self.k;
+            let tiled = super::seq_positions(m, seqs)
+                .into_iter()
+                .map(|(_, len)| len >= TILED_MIN_ROWS)
+                .collect();
+            x.contiguous()?.apply_op1_no_bwd(&Call { mm: self, tiled })
+        })
     }
 }
 
